@@ -1,0 +1,2 @@
+//! wardend's entry point.
+fn main() {}

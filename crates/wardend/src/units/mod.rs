@@ -1,0 +1,258 @@
+//! Units: the one seam between the server and the backends.
+//!
+//! The server hands a fully validated [`UnitSpec`] to a [`UnitManager`] and gets back a
+//! [`RunningUnit`] it can wait for, signal and stop. It never knows which backend it has:
+//! [`Backend`] is the enum of implementations, chosen once at start-up by [`Backend::open`].
+//! Each backend lives in its own module (`systemd`, `native`).
+
+pub mod name;
+pub mod native;
+pub mod systemd;
+
+use std::future::Future;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use warden_proto::{ExitReport, Network};
+
+pub use name::UnitName;
+
+/// Which backend to use, as the command line and config say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// systemd when PID 1 is systemd and reachable, else native.
+    Auto,
+    /// Transient systemd services over D-Bus.
+    Systemd,
+    /// wardend's own namespaces and cgroups.
+    Native,
+}
+
+/// Resource limits of a unit. `None` means no limit beyond the host's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Memory limit in bytes.
+    pub memory_max: Option<u64>,
+    /// Most tasks.
+    pub tasks_max: Option<u64>,
+    /// CPU quota in percent of one CPU (e.g. 200 = two CPUs).
+    pub cpu_quota_percent: Option<u32>,
+    /// Wall-time limit.
+    pub timeout: Option<Duration>,
+}
+
+/// The filesystem view of a unit, beyond the baseline every unit gets (system read-only,
+/// home read-only, private /tmp, the cwd writable, wardend's socket directory hidden).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FsView {
+    /// Extra paths that stay writable (the cwd is always writable).
+    pub writable: Vec<PathBuf>,
+    /// Paths the unit cannot see at all (includes wardend's socket directory).
+    pub hidden: Vec<PathBuf>,
+}
+
+/// A fully validated description of one unit: every check done, every path resolved.
+/// A backend takes it by value and only acts on it.
+#[derive(Debug)]
+pub struct UnitSpec {
+    /// The unit's name.
+    pub name: UnitName,
+    /// The command as requested (`argv[0]` as the command will see it).
+    pub argv: Vec<String>,
+    /// The absolute path to execute, resolved like execvp against the request's PATH.
+    pub exe: PathBuf,
+    /// The command's environment, already filtered by policy.
+    pub env: Vec<(String, String)>,
+    /// The working directory: a directory fd, and its path, checked to be the same inode.
+    pub cwd: OwnedFd,
+    /// The path of `cwd` (device and inode re-checked).
+    pub cwd_path: PathBuf,
+    /// Standard input, output and error; `None` means `/dev/null`.
+    pub stdio: [Option<OwnedFd>; 3],
+    /// The client's uid.
+    pub uid: u32,
+    /// The client's primary gid.
+    pub gid: u32,
+    /// The client's supplementary groups.
+    pub groups: Vec<u32>,
+    /// The client's home directory (read-only in the unit).
+    pub home: Option<PathBuf>,
+    /// Filesystem view.
+    pub fs: FsView,
+    /// Network access.
+    pub network: Network,
+    /// Resource limits.
+    pub limits: Limits,
+}
+
+/// What a backend can fail at. Each variant says which step failed on what.
+#[derive(Debug, thiserror::Error)]
+pub enum UnitError {
+    /// The unit manager cannot be reached (systemd down, cgroup hierarchy missing).
+    #[error("cannot reach the unit manager: {0}")]
+    Unreachable(String),
+    /// Starting the unit failed.
+    #[error("starting unit {unit}: {cause}")]
+    Start {
+        /// The unit.
+        unit: String,
+        /// What failed.
+        cause: String,
+    },
+    /// Controlling a unit (signal, stop, wait) failed.
+    #[error("{op} unit {unit}: {cause}")]
+    Control {
+        /// What was being done: "stop", "signal", "wait", ...
+        op: &'static str,
+        /// The unit.
+        unit: String,
+        /// What failed.
+        cause: String,
+    },
+    /// A privileged step on the host failed.
+    #[error("{step} {path}: {source}")]
+    Io {
+        /// The step.
+        step: &'static str,
+        /// On what.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// A started unit. Dropping it without [`RunningUnit::stop`] is a bug the session guards
+/// against; backends should still not leak on drop where they can help it.
+pub trait RunningUnit: Send + 'static {
+    /// The unit's name.
+    fn name(&self) -> &UnitName;
+
+    /// Wait until the unit's main process has ended and report how. Cancel-safe: the
+    /// future may be dropped and `wait` called again.
+    fn wait(&mut self) -> impl Future<Output = Result<ExitReport, UnitError>> + Send;
+
+    /// Deliver `signal` to the unit's main process.
+    fn signal(&self, signal: i32) -> impl Future<Output = Result<(), UnitError>> + Send;
+
+    /// Stop the whole unit (every process in it) and release it. Idempotent: a second call,
+    /// or a call after the unit ended by itself, only releases what is left.
+    fn stop(&mut self) -> impl Future<Output = Result<(), UnitError>> + Send;
+}
+
+/// A unit manager: one per daemon. Its methods take `&self` and may run concurrently.
+pub trait UnitManager: Send + Sync + 'static {
+    /// The handle of a started unit.
+    type Unit: RunningUnit;
+
+    /// `systemd` or `native`.
+    fn backend(&self) -> &'static str;
+
+    /// Start a unit from a validated spec.
+    fn start(&self, spec: UnitSpec) -> impl Future<Output = Result<Self::Unit, UnitError>> + Send;
+
+    /// Stop and remove every unit of this daemon's prefix; return their names. Runs before
+    /// the socket listens.
+    fn cleanup_orphans(&self) -> impl Future<Output = Result<Vec<String>, UnitError>> + Send;
+
+    /// The main PID of the unit `pid` runs in, when the manager can tell.
+    fn main_pid_of(&self, pid: u32) -> impl Future<Output = Option<u32>> + Send;
+}
+
+/// The backends, chosen once at start-up.
+pub enum Backend {
+    /// Transient systemd services.
+    Systemd(systemd::SystemdManager),
+    /// wardend's own namespaces and cgroups.
+    Native(native::NativeManager),
+}
+
+/// A unit of either backend.
+pub enum AnyUnit {
+    /// A systemd unit.
+    Systemd(<systemd::SystemdManager as UnitManager>::Unit),
+    /// A native unit.
+    Native(<native::NativeManager as UnitManager>::Unit),
+}
+
+impl Backend {
+    /// Open the backend `kind` asks for (`auto`: systemd when PID 1 is systemd and reachable,
+    /// else native).
+    pub async fn open(kind: BackendKind, prefix: &str) -> Result<Self, UnitError> {
+        match kind {
+            BackendKind::Systemd => Ok(Self::Systemd(systemd::SystemdManager::connect(prefix).await?)),
+            BackendKind::Native => Ok(Self::Native(native::NativeManager::new(prefix)?)),
+            BackendKind::Auto => {
+                if systemd::pid1_is_systemd() {
+                    if let Ok(m) = systemd::SystemdManager::connect(prefix).await {
+                        return Ok(Self::Systemd(m));
+                    }
+                }
+                Ok(Self::Native(native::NativeManager::new(prefix)?))
+            }
+        }
+    }
+}
+
+impl RunningUnit for AnyUnit {
+    fn name(&self) -> &UnitName {
+        match self {
+            AnyUnit::Systemd(u) => u.name(),
+            AnyUnit::Native(u) => u.name(),
+        }
+    }
+
+    async fn wait(&mut self) -> Result<ExitReport, UnitError> {
+        match self {
+            AnyUnit::Systemd(u) => u.wait().await,
+            AnyUnit::Native(u) => u.wait().await,
+        }
+    }
+
+    async fn signal(&self, signal: i32) -> Result<(), UnitError> {
+        match self {
+            AnyUnit::Systemd(u) => u.signal(signal).await,
+            AnyUnit::Native(u) => u.signal(signal).await,
+        }
+    }
+
+    async fn stop(&mut self) -> Result<(), UnitError> {
+        match self {
+            AnyUnit::Systemd(u) => u.stop().await,
+            AnyUnit::Native(u) => u.stop().await,
+        }
+    }
+}
+
+impl UnitManager for Backend {
+    type Unit = AnyUnit;
+
+    fn backend(&self) -> &'static str {
+        match self {
+            Backend::Systemd(m) => m.backend(),
+            Backend::Native(m) => m.backend(),
+        }
+    }
+
+    async fn start(&self, spec: UnitSpec) -> Result<AnyUnit, UnitError> {
+        match self {
+            Backend::Systemd(m) => m.start(spec).await.map(AnyUnit::Systemd),
+            Backend::Native(m) => m.start(spec).await.map(AnyUnit::Native),
+        }
+    }
+
+    async fn cleanup_orphans(&self) -> Result<Vec<String>, UnitError> {
+        match self {
+            Backend::Systemd(m) => m.cleanup_orphans().await,
+            Backend::Native(m) => m.cleanup_orphans().await,
+        }
+    }
+
+    async fn main_pid_of(&self, pid: u32) -> Option<u32> {
+        match self {
+            Backend::Systemd(m) => m.main_pid_of(pid).await,
+            Backend::Native(m) => m.main_pid_of(pid).await,
+        }
+    }
+}
