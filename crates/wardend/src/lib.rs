@@ -1,5 +1,14 @@
 //! wardend: the root daemon that runs an unprivileged agent's commands as isolated,
 //! bounded, disposable units. Modules follow the path of a connection:
-//! listener → admission → handshake → session → policy → units.
+//! [`listener`] → [`admission`] → [`handshake`] → [`session`] → [`policy`] → [`units`].
+//! [`server`] holds them together; [`config`] and [`account`] are read once at start-up.
 
+pub mod account;
+pub mod admission;
+pub mod config;
+pub mod handshake;
+pub mod listener;
+pub mod policy;
+pub mod server;
+pub mod session;
 pub mod units;

@@ -1,2 +1,81 @@
-//! wardend's entry point.
-fn main() {}
+//! wardend's entry point: parse flags, load the config, open the backend, serve until
+//! SIGTERM or SIGINT. Errors are printed once, as `wardend: <error>`, with exit status 1.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+use wardend::config::{Config, Flags};
+use wardend::server::{Server, ServerError};
+use wardend::units::Backend;
+
+/// The warden daemon: runs the client account's commands as isolated, bounded units.
+#[derive(Debug, Parser)]
+#[command(name = "wardend", version)]
+struct Cli {
+    /// Config file (default /etc/warden/warden.toml, if it exists).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    flags: Flags,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WARDEN_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&format!("starting the runtime: {e}")),
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e),
+    }
+}
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("wardend: {message}");
+    ExitCode::FAILURE
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    let config = Config::load(cli.config.as_deref(), cli.flags).map_err(|e| e.to_string())?;
+    // C3 before anything touches the system.
+    if !rustix::process::geteuid().is_root() {
+        return Err(ServerError::NotRoot.to_string());
+    }
+    let backend = Backend::open(config.backend, &config.unit_prefix)
+        .await
+        .map_err(|e| ServerError::OrphanCleanup(e).to_string())?;
+    let shutdown = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone())
+        .map_err(|e| format!("installing signal handlers: {e}"))?;
+    let server = Server::new(config, backend, shutdown).map_err(|e| e.to_string())?;
+    server.serve().await.map_err(|e| e.to_string())
+}
+
+/// SIGTERM and SIGINT cancel `shutdown` (installed once, not in a loop).
+fn spawn_signal_handler(shutdown: CancellationToken) -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+        shutdown.cancel();
+    });
+    Ok(())
+}

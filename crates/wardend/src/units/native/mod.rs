@@ -15,7 +15,9 @@ pub struct NativeUnit {
 impl NativeManager {
     /// Set up the native backend.
     pub fn new(_prefix: &str) -> Result<Self, UnitError> {
-        Err(UnitError::Unreachable("native backend not written yet".into()))
+        Err(UnitError::Unreachable(
+            "native backend not written yet".into(),
+        ))
     }
 }
 
@@ -25,7 +27,10 @@ impl UnitManager for NativeManager {
         "native"
     }
     async fn start(&self, spec: UnitSpec) -> Result<NativeUnit, UnitError> {
-        Err(UnitError::Start { unit: spec.name.to_string(), cause: "todo".into() })
+        Err(UnitError::Start {
+            unit: spec.name.to_string(),
+            cause: "todo".into(),
+        })
     }
     async fn cleanup_orphans(&self) -> Result<Vec<String>, UnitError> {
         Ok(vec![])
@@ -40,7 +45,11 @@ impl RunningUnit for NativeUnit {
         &self.name
     }
     async fn wait(&mut self) -> Result<ExitReport, UnitError> {
-        Err(UnitError::Control { op: "wait", unit: self.name.to_string(), cause: "todo".into() })
+        Err(UnitError::Control {
+            op: "wait",
+            unit: self.name.to_string(),
+            cause: "todo".into(),
+        })
     }
     async fn signal(&self, _signal: i32) -> Result<(), UnitError> {
         Ok(())

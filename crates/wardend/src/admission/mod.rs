@@ -1,0 +1,230 @@
+//! Admission (C6): who may open a connection at all, before any byte is read.
+//!
+//! A connection is admitted only if its peer credentials can be read, its uid **and** gid
+//! are the client account's, and its origin (see [`origin`]) is admitted: at most
+//! `max_unauthenticated` connections are unauthenticated at once overall, and each origin
+//! may be admitted at most `origin_max_per_window` times within a sliding `origin_window`.
+//! The slot travels with the connection as a permit and is released when authentication
+//! completes or the connection ends (C8, C10).
+
+pub mod origin;
+pub mod peer;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use self::origin::OriginCache;
+use self::peer::{Peer, ProcId};
+
+/// The message every refused peer reads (C6): deliberately the same for every cause.
+pub const ADMISSION_REFUSED: &str = "authentication admission limit reached";
+
+/// How long admission waits for the unit manager to name a peer's main PID.
+const MAIN_PID_LOOKUP: Duration = Duration::from_millis(50);
+
+/// Why a connection was refused. The peer only ever reads [`ADMISSION_REFUSED`]; the log
+/// says which of these it was.
+#[derive(Debug, thiserror::Error)]
+pub enum AdmissionError {
+    /// SO_PEERCRED, SO_PEERPIDFD or /proc could not be read.
+    #[error("peer credentials unreadable: {0}")]
+    Credentials(std::io::Error),
+    /// Not the client account.
+    #[error("peer uid {uid} gid {gid} is not the client account")]
+    WrongAccount {
+        /// Peer uid.
+        uid: u32,
+        /// Peer gid.
+        gid: u32,
+    },
+    /// No unauthenticated slot free.
+    #[error("all {0} unauthenticated slots are taken")]
+    NoSlot(usize),
+    /// The origin was admitted too often in the window.
+    #[error("origin pid {} admitted too often", .0.pid)]
+    Rate(ProcId),
+}
+
+/// A connection that passed admission: its peer, origin and unauthenticated slot.
+#[derive(Debug)]
+pub struct Admitted {
+    /// The peer.
+    pub peer: Peer,
+    /// Its origin.
+    pub origin: ProcId,
+    /// Its unauthenticated slot; dropping it releases the slot.
+    pub slot: OwnedSemaphorePermit,
+}
+
+/// Admission limits and state. Owned by the accept loop; slots are released by handlers.
+#[derive(Debug)]
+pub struct Admission {
+    uid: u32,
+    gid: u32,
+    max_unauthenticated: usize,
+    unauthenticated: Arc<Semaphore>,
+    window: Duration,
+    per_window: usize,
+    admitted: HashMap<ProcId, VecDeque<Instant>>,
+    origins: OriginCache,
+}
+
+impl Admission {
+    /// Limits for the client account `uid`/`gid`.
+    pub fn new(
+        uid: u32,
+        gid: u32,
+        max_unauthenticated: usize,
+        window: Duration,
+        per_window: usize,
+    ) -> Self {
+        Self {
+            uid,
+            gid,
+            max_unauthenticated,
+            unauthenticated: Arc::new(Semaphore::new(max_unauthenticated)),
+            window,
+            per_window,
+            admitted: HashMap::new(),
+            origins: OriginCache::default(),
+        }
+    }
+
+    /// Unauthenticated slots free now.
+    pub fn free_slots(&self) -> usize {
+        self.unauthenticated.available_permits()
+    }
+
+    /// Admit the peer of `socket`, or say why not. `main_pid_of` asks the unit manager for
+    /// the main PID of the peer's unit (bounded in time here).
+    pub async fn admit<F, Fut>(
+        &mut self,
+        socket: &impl std::os::fd::AsFd,
+        main_pid_of: F,
+    ) -> Result<Admitted, AdmissionError>
+    where
+        F: FnOnce(u32) -> Fut,
+        Fut: std::future::Future<Output = Option<u32>>,
+    {
+        let peer = Peer::of(socket).map_err(AdmissionError::Credentials)?;
+        if peer.uid != self.uid || peer.gid != self.gid {
+            return Err(AdmissionError::WrongAccount {
+                uid: peer.uid,
+                gid: peer.gid,
+            });
+        }
+        let now = Instant::now();
+        let origin = match self.origins.get(peer.stat.id, now) {
+            Some(origin) => origin,
+            None => {
+                let main = tokio::time::timeout(MAIN_PID_LOOKUP, main_pid_of(peer.pid))
+                    .await
+                    .ok()
+                    .flatten();
+                let origin = origin::resolve(&peer.stat, main);
+                self.origins.put(peer.stat.id, origin, now);
+                origin
+            }
+        };
+        self.admit_origin(origin, now)?;
+        let slot = Arc::clone(&self.unauthenticated)
+            .try_acquire_owned()
+            .map_err(|_| AdmissionError::NoSlot(self.max_unauthenticated))?;
+        Ok(Admitted { peer, origin, slot })
+    }
+
+    /// The sliding window: record an admission of `origin` at `now` unless it already has
+    /// `per_window` admissions within the window.
+    fn admit_origin(&mut self, origin: ProcId, now: Instant) -> Result<(), AdmissionError> {
+        let window = self.window;
+        if self.admitted.len() >= 4096 {
+            self.admitted.retain(|_, times| {
+                times
+                    .back()
+                    .is_some_and(|t| now.duration_since(*t) < window)
+            });
+        }
+        let times = self.admitted.entry(origin).or_default();
+        while times
+            .front()
+            .is_some_and(|t| now.duration_since(*t) >= window)
+        {
+            times.pop_front();
+        }
+        if times.len() >= self.per_window {
+            return Err(AdmissionError::Rate(origin));
+        }
+        times.push_back(now);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    fn me() -> (u32, u32) {
+        (
+            rustix::process::geteuid().as_raw(),
+            rustix::process::getegid().as_raw(),
+        )
+    }
+
+    #[tokio::test]
+    async fn slots_are_bounded_and_released_on_drop() -> Result<(), AdmissionError> {
+        let (uid, gid) = me();
+        let mut adm = Admission::new(uid, gid, 2, Duration::from_secs(60), 100);
+        let (a, _a) = UnixStream::pair().map_err(AdmissionError::Credentials)?;
+        let first = adm.admit(&a, |_| async { None }).await?;
+        let second = adm.admit(&a, |_| async { None }).await?;
+        assert!(matches!(
+            adm.admit(&a, |_| async { None }).await,
+            Err(AdmissionError::NoSlot(2))
+        ));
+        drop(first);
+        assert_eq!(adm.free_slots(), 1);
+        drop(second);
+        assert_eq!(adm.free_slots(), 2);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn wrong_account_is_refused() -> Result<(), AdmissionError> {
+        let (uid, gid) = me();
+        let (a, _a) = UnixStream::pair().map_err(AdmissionError::Credentials)?;
+        let mut wrong_uid = Admission::new(uid.wrapping_add(1), gid, 2, Duration::from_secs(1), 10);
+        assert!(matches!(
+            wrong_uid.admit(&a, |_| async { None }).await,
+            Err(AdmissionError::WrongAccount { .. })
+        ));
+        let mut wrong_gid = Admission::new(uid, gid.wrapping_add(1), 2, Duration::from_secs(1), 10);
+        assert!(matches!(
+            wrong_gid.admit(&a, |_| async { None }).await,
+            Err(AdmissionError::WrongAccount { .. })
+        ));
+        Ok(())
+    }
+
+    #[test]
+    fn sliding_window_per_origin() -> Result<(), AdmissionError> {
+        let mut adm = Admission::new(0, 0, 10, Duration::from_millis(100), 2);
+        let a = ProcId { pid: 5, start: 1 };
+        let b = ProcId { pid: 6, start: 1 };
+        let t = Instant::now();
+        adm.admit_origin(a, t)?;
+        adm.admit_origin(a, t + Duration::from_millis(10))?;
+        assert!(matches!(
+            adm.admit_origin(a, t + Duration::from_millis(20)),
+            Err(AdmissionError::Rate(_))
+        ));
+        adm.admit_origin(b, t + Duration::from_millis(20))?;
+        // The first admission leaves the window; one more fits.
+        adm.admit_origin(a, t + Duration::from_millis(101))?;
+        assert!(adm.admit_origin(a, t + Duration::from_millis(102)).is_err());
+        Ok(())
+    }
+}

@@ -1,0 +1,312 @@
+//! The server (C1–C10): it holds the unit manager, the listener, the session and
+//! unauthenticated slot pools, the live connections, a one-entry fatal-error channel, the
+//! client account and the admission state, and a tracker of handlers (the wait group).
+//!
+//! [`Server::serve`] checks it runs as root, cleans orphans, listens, then accepts until
+//! shutdown or a fatal error; either way it closes every live connection and waits for all
+//! handlers before it returns.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+use warden_proto::{Conn, ErrorCode, Response};
+
+use crate::account::{Account, AccountError};
+use crate::admission::{Admission, Admitted, ADMISSION_REFUSED};
+use crate::config::Config;
+use crate::handshake::{self, HandshakeError};
+use crate::listener::{ListenError, Listener};
+use crate::policy::Settings;
+use crate::session::{self, SessionContext};
+use crate::units::{UnitError, UnitManager};
+
+/// The contract's string for a full session pool (C10).
+pub const SESSION_LIMIT: &str = "session limit reached";
+
+/// How long a refused peer is given to read its refusal.
+const REFUSAL_SEND_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// Why the server could not start or had to stop.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// C3.
+    #[error("supervisor must run as root")]
+    NotRoot,
+    /// C2.
+    #[error(transparent)]
+    Account(#[from] AccountError),
+    /// C4.
+    #[error("startup orphan cleanup: {0}")]
+    OrphanCleanup(UnitError),
+    /// The socket could not be set up.
+    #[error(transparent)]
+    Listen(#[from] ListenError),
+    /// accept() failed in a way that will not pass.
+    #[error("accepting connections: {0}")]
+    Accept(std::io::Error),
+}
+
+/// What the handlers share.
+struct Shared<M: UnitManager> {
+    config: Config,
+    sessions: Arc<Semaphore>,
+    connections: Mutex<HashMap<u64, u32>>,
+    next_id: AtomicU64,
+    tracker: TaskTracker,
+    session: SessionContext<M>,
+}
+
+/// The daemon's server.
+pub struct Server<M: UnitManager> {
+    shared: Arc<Shared<M>>,
+    admission: Admission,
+    fatal_tx: mpsc::Sender<ServerError>,
+    fatal_rx: mpsc::Receiver<ServerError>,
+}
+
+impl<M: UnitManager> Server<M> {
+    /// C2: look the client account up by name and set up the pools.
+    pub fn new(
+        config: Config,
+        manager: M,
+        shutdown: CancellationToken,
+    ) -> Result<Self, ServerError> {
+        let account = Account::lookup(&config.client_user)?;
+        let admission = Admission::new(
+            account.uid,
+            account.gid,
+            config.max_unauthenticated,
+            config.origin_window,
+            config.origin_max_per_window,
+        );
+        let socket_dir = config
+            .socket
+            .parent()
+            .map_or_else(|| PathBuf::from("/run/warden"), PathBuf::from);
+        let (fatal_tx, fatal_rx) = mpsc::channel(1);
+        let shared = Arc::new(Shared {
+            sessions: Arc::new(Semaphore::new(config.max_sessions)),
+            connections: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            tracker: TaskTracker::new(),
+            session: SessionContext {
+                manager: Arc::new(manager),
+                account,
+                settings: Settings { socket_dir },
+                prefix: config.unit_prefix.clone(),
+                shutdown,
+            },
+            config,
+        });
+        Ok(Self {
+            shared,
+            admission,
+            fatal_tx,
+            fatal_rx,
+        })
+    }
+
+    /// C3, C4, then listen and accept until shutdown (C5).
+    pub async fn serve(mut self) -> Result<(), ServerError> {
+        if !rustix::process::geteuid().is_root() {
+            return Err(ServerError::NotRoot);
+        }
+        let manager = Arc::clone(&self.shared.session.manager);
+        let orphans = manager
+            .cleanup_orphans()
+            .await
+            .map_err(ServerError::OrphanCleanup)?;
+        if !orphans.is_empty() {
+            tracing::warn!(target: "audit", count = orphans.len(), units = ?orphans, "removed orphaned units");
+        }
+        let account = &self.shared.session.account;
+        let listener = Listener::bind(&self.shared.config.socket, account.uid, account.gid)?;
+        tracing::info!(
+            socket = %listener.path().display(),
+            backend = manager.backend(),
+            client = %account.name,
+            "wardend listening"
+        );
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+        let result = self.accept_loop(&listener).await;
+        // C5: close every live connection and wait for every handler.
+        self.shared.session.shutdown.cancel();
+        self.shared.tracker.close();
+        self.shared.tracker.wait().await;
+        drop(listener);
+        tracing::info!("wardend stopped");
+        result
+    }
+
+    async fn accept_loop(&mut self, listener: &Listener) -> Result<(), ServerError> {
+        let shutdown = self.shared.session.shutdown.clone();
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return Ok(()),
+                fatal = self.fatal_rx.recv() => {
+                    if let Some(e) = fatal {
+                        return Err(e);
+                    }
+                }
+                accepted = listener.listener.accept() => match accepted {
+                    Ok((stream, _)) => self.admit(stream).await,
+                    Err(e) if is_transient(&e) => {
+                        tracing::warn!(error = %e, "accept failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    Err(e) => {
+                        let _ = self.fatal_tx.try_send(ServerError::Accept(e));
+                    }
+                },
+            }
+        }
+    }
+
+    /// C6, C7: admit or refuse, then hand the connection to a tracked handler.
+    async fn admit(&mut self, stream: UnixStream) {
+        let manager = Arc::clone(&self.shared.session.manager);
+        let admitted = self
+            .admission
+            .admit(&stream, |pid| async move { manager.main_pid_of(pid).await })
+            .await;
+        let admitted = match admitted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::info!(reason = %e, "connection refused at admission");
+                // The refusal is written from a task so that a peer that does not read
+                // cannot slow the accept loop down.
+                self.shared
+                    .tracker
+                    .spawn(refuse(stream, ErrorCode::Admission, ADMISSION_REFUSED));
+                return;
+            }
+        };
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut live) = self.shared.connections.lock() {
+            live.insert(id, admitted.peer.pid);
+        }
+        let shared = Arc::clone(&self.shared);
+        let span = tracing::info_span!(
+            "conn",
+            id,
+            pid = admitted.peer.pid,
+            origin = admitted.origin.pid
+        );
+        self.shared.tracker.spawn(
+            async move {
+                let _cleanup = ConnectionCleanup {
+                    shared: &shared,
+                    id,
+                };
+                handle(&shared, stream, admitted).await;
+            }
+            .instrument(span),
+        );
+    }
+}
+
+/// C8: whatever happens, the connection leaves the live set (slots are permits and go
+/// back by themselves; the tracker marks the handler done when its task ends).
+struct ConnectionCleanup<'a, M: UnitManager> {
+    shared: &'a Shared<M>,
+    id: u64,
+}
+
+impl<M: UnitManager> Drop for ConnectionCleanup<'_, M> {
+    fn drop(&mut self) {
+        if let Ok(mut live) = self.shared.connections.lock() {
+            live.remove(&self.id);
+        }
+    }
+}
+
+/// One connection, from admission to the end of its session (C9–C11).
+async fn handle<M: UnitManager>(shared: &Shared<M>, stream: UnixStream, admitted: Admitted) {
+    let Admitted { peer, slot, .. } = admitted;
+    set_buffers(&stream, shared.config.socket_buffer_size);
+    let mut conn = Conn::new(stream);
+    let deadline = tokio::time::Instant::now() + shared.config.handshake_timeout;
+    let ctx = &shared.session;
+    let hs = tokio::select! {
+        r = tokio::time::timeout_at(deadline, handshake::run(&mut conn, &peer, &ctx.prefix, ctx.manager.backend())) => r,
+        _ = ctx.shutdown.cancelled() => return,
+    };
+    match hs {
+        Ok(Ok(())) => {}
+        Ok(Err(HandshakeError::Closed)) => return,
+        Ok(Err(e)) => {
+            tracing::info!(error = %e, "authentication failed");
+            send_bounded(&conn, &e.response()).await;
+            return;
+        }
+        Err(_) => {
+            tracing::info!("handshake timed out");
+            send_bounded(
+                &conn,
+                &Response::error(ErrorCode::Timeout, "handshake timed out"),
+            )
+            .await;
+            return;
+        }
+    }
+    // C10: authenticated. The peer handle is closed when the handler ends; the
+    // unauthenticated slot goes back now; a session slot is taken without waiting.
+    drop(slot);
+    let Ok(_session_slot) = Arc::clone(&shared.sessions).try_acquire_owned() else {
+        tracing::info!("session limit reached");
+        send_bounded(
+            &conn,
+            &Response::error(ErrorCode::SessionLimit, SESSION_LIMIT),
+        )
+        .await;
+        return;
+    };
+    let end = session::run(&mut conn, deadline, ctx).await;
+    tracing::info!(end = %end, "session ended");
+    drop(peer);
+}
+
+async fn send_bounded(conn: &Conn, msg: &Response) {
+    let _ = tokio::time::timeout(REFUSAL_SEND_TIMEOUT, conn.send(msg, &[])).await;
+}
+
+async fn refuse(stream: UnixStream, code: ErrorCode, message: &'static str) {
+    let conn = Conn::new(stream);
+    send_bounded(&conn, &Response::error(code, message)).await;
+}
+
+/// C9: the connection's send and receive buffers.
+fn set_buffers(stream: &UnixStream, size: usize) {
+    use rustix::net::sockopt;
+    if let Err(e) = sockopt::set_socket_send_buffer_size(stream, size)
+        .and_then(|()| sockopt::set_socket_recv_buffer_size(stream, size))
+    {
+        tracing::debug!(error = %e, "setting socket buffer sizes failed");
+    }
+}
+
+/// Errors of accept() that say nothing about the listener itself.
+fn is_transient(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EMFILE
+                | libc::ENFILE
+                | libc::ENOBUFS
+                | libc::ENOMEM
+                | libc::ECONNABORTED
+                | libc::EINTR
+                | libc::EPROTO
+                | libc::EPERM
+        )
+    )
+}

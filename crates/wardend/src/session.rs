@@ -1,0 +1,260 @@
+//! A session (C11, C12): one authenticated connection runs one unit. It reads the start
+//! request and its descriptors, clears the deadline, names the unit, has policy build the
+//! spec, starts the unit, then relays signal/stop requests until the unit ends, the client
+//! asks to stop or goes away, or the daemon shuts down. Whatever ends it, the unit is
+//! stopped exactly once ([`UnitGuard`]) and the client is told how it ended.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use warden_proto::{Conn, ErrorCode, ExitReason, ExitReport, Request, Response};
+
+use crate::account::Account;
+use crate::policy::{self, Settings};
+use crate::units::{RunningUnit, UnitManager, UnitName};
+
+/// How long the daemon waits to tell a client something before giving up on it.
+const SEND_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long, after stopping a unit, to wait for its exit status.
+const STATUS_AFTER_STOP: Duration = Duration::from_secs(1);
+
+/// Why a session ended (for the log; the client reads an `exited` or `error` frame).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// The unit's command ended by itself.
+    UnitEnded,
+    /// C12.
+    ClientRequestedStop,
+    /// The connection closed.
+    ClientDisconnected,
+    /// The daemon is shutting down.
+    Shutdown,
+    /// The session failed before or while running the unit.
+    Failed(String),
+}
+
+impl std::fmt::Display for SessionEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SessionEnd::UnitEnded => f.write_str("unit ended"),
+            SessionEnd::ClientRequestedStop => f.write_str("client requested stop"),
+            SessionEnd::ClientDisconnected => f.write_str("client disconnected"),
+            SessionEnd::Shutdown => f.write_str("daemon shutting down"),
+            SessionEnd::Failed(why) => write!(f, "failed: {why}"),
+        }
+    }
+}
+
+/// What every session needs from the server.
+pub struct SessionContext<M: UnitManager> {
+    /// The unit manager.
+    pub manager: Arc<M>,
+    /// The client account.
+    pub account: Account,
+    /// Daemon-wide policy settings.
+    pub settings: Settings,
+    /// Unit name prefix.
+    pub prefix: String,
+    /// Cancelled when the daemon shuts down.
+    pub shutdown: CancellationToken,
+}
+
+/// Stops its unit exactly once: explicitly with [`UnitGuard::stop`], or on drop (a
+/// handler that is torn down mid-way still leaves no unit behind).
+pub struct UnitGuard<U: RunningUnit> {
+    unit: Option<U>,
+}
+
+impl<U: RunningUnit> UnitGuard<U> {
+    fn new(unit: U) -> Self {
+        Self { unit: Some(unit) }
+    }
+
+    fn unit(&mut self) -> Option<&mut U> {
+        self.unit.as_mut()
+    }
+
+    /// Stop the unit (first call only) and return the handle for a last status read.
+    async fn stop(&mut self) -> Option<U> {
+        let mut unit = self.unit.take()?;
+        if let Err(e) = unit.stop().await {
+            tracing::error!(unit = %unit.name(), error = %e, "stopping unit failed");
+        }
+        Some(unit)
+    }
+}
+
+impl<U: RunningUnit> Drop for UnitGuard<U> {
+    fn drop(&mut self) {
+        if let Some(mut unit) = self.unit.take() {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    if let Err(e) = unit.stop().await {
+                        tracing::error!(unit = %unit.name(), error = %e, "stopping unit on drop failed");
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Send a frame, bounded in time; a client that does not read is not waited for.
+async fn send(conn: &Conn, msg: &Response) {
+    match tokio::time::timeout(SEND_TIMEOUT, conn.send(msg, &[])).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(error = %e, "sending to client failed"),
+        Err(_) => tracing::debug!("sending to client timed out"),
+    }
+}
+
+/// Run one session on an authenticated connection. `deadline` is the handshake deadline,
+/// which still applies to the start request.
+pub async fn run<M: UnitManager>(
+    conn: &mut Conn,
+    deadline: tokio::time::Instant,
+    ctx: &SessionContext<M>,
+) -> SessionEnd {
+    let received = tokio::select! {
+        r = tokio::time::timeout_at(deadline, conn.recv::<Request>()) => r,
+        _ = ctx.shutdown.cancelled() => return SessionEnd::Shutdown,
+    };
+    let (start, fds) = match received {
+        Err(_) => {
+            send(
+                conn,
+                &Response::error(ErrorCode::Timeout, "handshake timed out"),
+            )
+            .await;
+            return SessionEnd::Failed("handshake timed out".into());
+        }
+        Ok(Ok(None)) => return SessionEnd::ClientDisconnected,
+        Ok(Err(e)) => return fail(conn, ErrorCode::Protocol, format!("protocol error: {e}")).await,
+        Ok(Ok(Some((Request::Start(start), fds)))) => (start, fds),
+        Ok(Ok(Some(_))) => {
+            return fail(
+                conn,
+                ErrorCode::Protocol,
+                "protocol error: expected start".into(),
+            )
+            .await
+        }
+    };
+    // From here on no deadline applies: the unit may run as long as its policy allows.
+    let name = match UnitName::random(&ctx.prefix) {
+        Ok(n) => n,
+        Err(e) => return fail(conn, ErrorCode::Internal, format!("naming unit: {e}")).await,
+    };
+    let argv0 = start.argv.first().cloned().unwrap_or_default();
+    let spec = match policy::build(name.clone(), start, fds, &ctx.account, &ctx.settings) {
+        Ok(spec) => spec,
+        Err(e) => {
+            let why = e.to_string();
+            send(conn, &e.response()).await;
+            return SessionEnd::Failed(why);
+        }
+    };
+    let started_at = Instant::now();
+    let unit = match ctx.manager.start(spec).await {
+        Ok(u) => u,
+        Err(e) => {
+            tracing::warn!(target: "audit", unit = %name, error = %e, "unit failed to start");
+            return fail(conn, ErrorCode::Internal, e.to_string()).await;
+        }
+    };
+    tracing::info!(target: "audit", unit = %name, command = %argv0, uid = ctx.account.uid, "unit started");
+    let mut guard = UnitGuard::new(unit);
+    send(
+        conn,
+        &Response::Started {
+            unit: name.to_string(),
+        },
+    )
+    .await;
+
+    let (end, exit) = relay(conn, &mut guard, ctx).await;
+    let unit = guard.stop().await;
+    let mut report = match (exit, unit) {
+        (Some(report), _) => report,
+        (None, Some(mut unit)) => {
+            let status = tokio::time::timeout(STATUS_AFTER_STOP, unit.wait()).await;
+            let mut r = status
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_else(stopped_report);
+            r.reason = ExitReason::Stopped;
+            r
+        }
+        (None, None) => stopped_report(),
+    };
+    report.wall_usec = u64::try_from(started_at.elapsed().as_micros()).unwrap_or(u64::MAX);
+    tracing::info!(
+        target: "audit",
+        unit = %name,
+        reason = ?report.reason,
+        code = ?report.code,
+        signal = ?report.signal,
+        wall_usec = report.wall_usec,
+        session_end = %end,
+        "unit ended"
+    );
+    send(conn, &Response::Exited(report)).await;
+    end
+}
+
+/// Relay client requests to the unit until something ends the session. Returns why, and
+/// the unit's report if it ended by itself.
+async fn relay<M: UnitManager>(
+    conn: &mut Conn,
+    guard: &mut UnitGuard<M::Unit>,
+    ctx: &SessionContext<M>,
+) -> (SessionEnd, Option<ExitReport>) {
+    loop {
+        let Some(unit) = guard.unit() else {
+            return (SessionEnd::Failed("unit handle lost".into()), None);
+        };
+        tokio::select! {
+            biased;
+            _ = ctx.shutdown.cancelled() => return (SessionEnd::Shutdown, None),
+            exit = unit.wait() => {
+                return match exit {
+                    Ok(report) => (SessionEnd::UnitEnded, Some(report)),
+                    Err(e) => (SessionEnd::Failed(e.to_string()), None),
+                };
+            }
+            msg = conn.recv::<Request>() => match msg {
+                Ok(Some((Request::Signal { signal }, _))) => {
+                    if let Err(e) = unit.signal(signal).await {
+                        tracing::warn!(unit = %unit.name(), signal, error = %e, "signal failed");
+                    }
+                }
+                Ok(Some((Request::Stop, _))) => return (SessionEnd::ClientRequestedStop, None),
+                Ok(None) => return (SessionEnd::ClientDisconnected, None),
+                Ok(Some(_)) => {
+                    send(conn, &Response::error(ErrorCode::Protocol, "protocol error: unexpected message during a session")).await;
+                    return (SessionEnd::Failed("unexpected message".into()), None);
+                }
+                Err(e) => {
+                    send(conn, &Response::error(ErrorCode::Protocol, format!("protocol error: {e}"))).await;
+                    return (SessionEnd::Failed(e.to_string()), None);
+                }
+            },
+        }
+    }
+}
+
+fn stopped_report() -> ExitReport {
+    ExitReport {
+        reason: ExitReason::Stopped,
+        code: None,
+        signal: None,
+        cpu_usec: None,
+        peak_memory_bytes: None,
+        wall_usec: 0,
+    }
+}
+
+async fn fail(conn: &Conn, code: ErrorCode, message: String) -> SessionEnd {
+    send(conn, &Response::error(code, message.clone())).await;
+    SessionEnd::Failed(message)
+}
