@@ -1,0 +1,394 @@
+//! The conformance suite: the same end-to-end tests against both backends — the native
+//! backend on this host, the systemd backend against a real systemd booted in a throwaway
+//! container. wardend serves `nobody`; the client runs as `nobody`.
+//!
+//! Needs root (and, for systemd, systemd-nspawn). Under `CI=true` a missing piece fails.
+
+mod support;
+
+use std::io::Write;
+use std::process::Stdio;
+use std::time::Duration;
+
+use support::harness::{bin, can_run, kill, native_unit_cgroups, Harness, Kind, Result};
+
+/// Generate one test per backend for each conformance check.
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod native {
+            $(#[test] fn $name() -> super::Result<()> { super::checks::$name(super::Kind::Native) })*
+        }
+        mod systemd {
+            $(#[test] fn $name() -> super::Result<()> { super::checks::$name(super::Kind::Systemd) })*
+        }
+    };
+}
+
+conformance!(
+    stdio_and_exit_code,
+    cwd_is_the_callers,
+    stdin_is_passed,
+    sigkill_gives_137,
+    missing_command_gives_127,
+    unexecutable_command_gives_126,
+    killing_the_client_removes_the_unit,
+    sigterm_stops_every_unit_and_exits_0,
+    kill9_then_restart_leaves_no_orphans,
+    nested_request_is_refused,
+    non_root_daemon_refuses_to_serve,
+    wrong_uid_is_refused_at_admission,
+    session_limit_is_enforced,
+    silent_connection_is_closed_at_the_handshake_timeout,
+    bad_input_gets_an_error_frame_and_a_close,
+);
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Start a harness, or `None` when this run may skip.
+fn harness(kind: Kind, extra: &[&str]) -> Result<Option<Harness>> {
+    if !can_run(&format!("{kind:?} conformance")) {
+        return Ok(None);
+    }
+    Harness::start(kind, extra).map(Some)
+}
+
+/// Spawn `warden run -- CMD` as nobody in the background; wait until its unit exists.
+fn spawn_unit(h: &Harness, cmd: &[&str]) -> Result<(std::process::Child, String)> {
+    let before = h.units()?;
+    let mut args = vec!["run", "--"];
+    args.extend_from_slice(cmd);
+    let child = h.warden(&args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?;
+    let mut unit = None;
+    Harness::wait_for(Duration::from_secs(10), || {
+        unit = h.units().ok().and_then(|u| u.into_iter().find(|n| !before.contains(n)));
+        unit.is_some()
+    });
+    let unit = unit.ok_or_else(|| format!("no unit appeared; daemon log:\n{}", h.log_text()))?;
+    Ok((child, unit))
+}
+
+/// The PID of the `warden` client process started by `child` (nsenter forks on systemd).
+fn client_pid(child: &std::process::Child) -> Option<u32> {
+    let warden = bin("warden");
+    std::iter::once(child.id())
+        .chain(support::harness::descendants(child.id()))
+        .find(|p| std::fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|e| e == warden))
+}
+
+mod checks {
+    use super::*;
+
+    pub fn stdio_and_exit_code(kind: Kind) -> Result<()> {
+        let Some(h) = harness(kind, &[])? else { return Ok(()) };
+        let out = h.run(&["sh", "-c", "echo out; echo err >&2; exit 7"])?;
+        assert_eq!(text(&out.stdout), "out\n");
+        assert_eq!(text(&out.stderr), "err\n");
+        assert_eq!(out.status.code(), Some(7), "log:\n{}", h.log_text());
+        Ok(())
+    }
+
+    pub fn cwd_is_the_callers(kind: Kind) -> Result<()> {
+        let Some(h) = harness(kind, &[])? else { return Ok(()) };
+        let out = h.run(&["pwd"])?;
+        assert_eq!(text(&out.stdout).trim_end(), h.workdir.display().to_string());
+        assert_eq!(out.status.code(), Some(0));
+        // And it is writable there.
+        let out = h.run(&["sh", "-c", "echo x > written && cat written"])?;
+        assert_eq!(text(&out.stdout), "x\n", "{}", text(&out.stderr));
+        Ok(())
+    }
+
+    pub fn stdin_is_passed(kind: Kind) -> Result<()> {
+        let Some(h) = harness(kind, &[])? else { return Ok(()) };
+        let mut child = h
+            .warden(&["run", "--", "cat"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        child.stdin.take().ok_or("no stdin")?.write_all(b"hello\n")?;
+        let out = child.wait_with_output()?;
+        assert_eq!(text(&out.stdout), "hello\n");
+        assert_eq!(out.status.code(), Some(0));
+        Ok(())
+    }
+
+    pub fn sigkill_gives_137(kind: Kind) -> Result<()> {
+        let Some(h) = harness(kind, &[])? else { return Ok(()) };
+        let out = h.run(&["sh", "-c", "kill -9 $$"])?;
+        assert_eq!(out.status.code(), Some(137), "{}", text(&out.stderr));
+        Ok(())
+    }
+
+    pub fn missing_command_gives_127(kind: Kind) -> Result<()> {
+        let Some(h) = harness(kind, &[])? else { return Ok(()) };
+        let out = h.run(&["no-such-command-warden"])?;
+        assert_eq!(out.status.code(), Some(127));
+        assert_eq!(text(&out.stderr), "no-such-command-warden: command not found\n");
+        Ok(())
+    }
+
+    pub fn unexecutable_command_gives_126(kind: Kind) -> Result<()> {
+        let Some(h) = harness(kind, &[])? else { return Ok(()) };
+        h.write_work_file("script", "#!/bin/sh\necho hi\n")?;
+        let out = h.run(&["./script"])?;
+        assert_eq!(out.status.code(), Some(126), "{}", text(&out.stderr));
+        Ok(())
+    }
+
+    pub fn killing_the_client_removes_the_unit(kind: Kind) -> Result<()> {
+        let Some(h) = harness(kind, &[])? else { return Ok(()) };
+        let (mut child, unit) = spawn_unit(&h, &["sh", "-c", "setsid sh -c 'sleep 1000' & sleep 1000"])?;
+        assert!(Harness::wait_for(Duration::from_secs(5), || h.unit_processes().len() >= 2).is_some());
+        let pid = client_pid(&child).ok_or("client process not found")?;
+        kill(pid, libc::SIGKILL)?;
+        let took = Harness::wait_for(Duration::from_secs(5), || {
+            h.unit_processes().is_empty() && h.units().is_ok_and(|u| !u.contains(&unit))
+        });
+        let _ = child.wait();
+        let took = took.ok_or_else(|| format!("unit {unit} survived its client; log:\n{}", h.log_text()))?;
+        let limit = match kind {
+            Kind::Native => Duration::from_millis(100),
+            Kind::Systemd => Duration::from_secs(1),
+        };
+        assert!(took <= limit, "unit removed after {took:?}, limit {limit:?}");
+        Ok(())
+    }
+
+    pub fn sigterm_stops_every_unit_and_exits_0(kind: Kind) -> Result<()> {
+        let Some(mut h) = harness(kind, &[])? else { return Ok(()) };
+        let (mut a, _) = spawn_unit(&h, &["sleep", "1000"])?;
+        let (mut b, _) = spawn_unit(&h, &["sleep", "1000"])?;
+        let status = h.signal_daemon(libc::SIGTERM)?;
+        assert_eq!(status.code(), Some(0), "log:\n{}", h.log_text());
+        assert_eq!(h.units()?, Vec::<String>::new());
+        assert!(h.unit_processes().is_empty());
+        // The clients were told and ended.
+        assert!(a.wait()?.code().is_some());
+        assert!(b.wait()?.code().is_some());
+        assert!(!h.host_path(&h.socket).exists(), "socket left behind");
+        Ok(())
+    }
+
+    pub fn kill9_then_restart_leaves_no_orphans(kind: Kind) -> Result<()> {
+        let Some(mut h) = harness(kind, &[])? else { return Ok(()) };
+        let n = match kind {
+            Kind::Native => 20,
+            Kind::Systemd => 3,
+        };
+        let mut clients = vec![];
+        for _ in 0..n {
+            clients.push(spawn_unit(&h, &["sleep", "1000"])?.0);
+        }
+        h.signal_daemon(libc::SIGKILL)?;
+        assert_eq!(h.units()?.len(), n, "units should outlive a killed daemon");
+        for mut c in clients {
+            let _ = c.wait();
+        }
+        std::fs::remove_file(h.host_path(&h.socket)).ok();
+        h.start_daemon(&[])?;
+        // The socket exists only after the cleanup: nothing may be left now.
+        assert_eq!(h.units()?, Vec::<String>::new(), "log:\n{}", h.log_text());
+        assert!(h.unit_processes().is_empty());
+        assert!(h.log_text().contains("removed orphaned units"));
+        Ok(())
+    }
+
+    pub fn nested_request_is_refused(kind: Kind) -> Result<()> {
+        let Some(h) = harness(kind, &[])? else { return Ok(()) };
+        let warden = bin("warden").display().to_string();
+        // From inside a unit the socket is not even visible.
+        let out = h.run(&[&warden, "run", "--", "true"])?;
+        assert_eq!(out.status.code(), Some(125));
+        assert!(text(&out.stderr).contains("cannot connect"), "{}", text(&out.stderr));
+        // And a process placed in a unit's cgroup that can reach the socket is refused
+        // by the daemon itself.
+        let fake = format!("{}-0123456789abcdef.service", h.prefix);
+        let sock = format!("WARDEN_SOCKET={}", h.socket.display());
+        let wd = h.workdir.display().to_string();
+        let out = match kind {
+            Kind::Systemd => {
+                h.exec_root(&["systemctl", "start", "dbus.socket"])?;
+                h.command(&[
+                    "systemd-run", "--quiet", "--wait", "--pipe", "--uid=nobody", "--gid=nogroup",
+                    &format!("--unit={fake}"), &format!("--slice={}.slice", h.prefix),
+                    &format!("--working-directory={wd}"), "env", &sock, &warden, "run", "--", "true",
+                ])
+                .stdin(Stdio::null())
+                .output()?
+            }
+            Kind::Native => {
+                let cg = format!("/sys/fs/cgroup/pids/{}.slice/{fake}", h.prefix);
+                std::fs::create_dir_all(&cg)?;
+                let script = format!("echo $$ > {cg}/cgroup.procs && exec setpriv --reuid=65534 --regid=65534 --clear-groups env -C {wd} {sock} {warden} run -- true");
+                let out = h.command(&["sh", "-c", &script]).stdin(Stdio::null()).output()?;
+                let _ = std::fs::remove_dir(&cg);
+                out
+            }
+        };
+        assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("refused: requests from inside a warden unit are not allowed"),
+            "{}",
+            text(&out.stderr)
+        );
+        Ok(())
+    }
+
+    pub fn non_root_daemon_refuses_to_serve(kind: Kind) -> Result<()> {
+        let Some(h) = harness(kind, &[])? else { return Ok(()) };
+        let wardend = bin("wardend").display().to_string();
+        let out = h
+            .as_nobody(&[&wardend, "--client-user", "nobody", "--backend", kind.flag(), "--socket", "/nonexistent/w.sock"])
+            .stdin(Stdio::null())
+            .output()?;
+        assert!(!out.status.success());
+        assert!(text(&out.stderr).contains("supervisor must run as root"), "{}", text(&out.stderr));
+        Ok(())
+    }
+
+    pub fn wrong_uid_is_refused_at_admission(kind: Kind) -> Result<()> {
+        let Some(h) = harness(kind, &[])? else { return Ok(()) };
+        let warden = bin("warden").display().to_string();
+        let sock = format!("WARDEN_SOCKET={}", h.socket.display());
+        let out = h.command(&["env", &sock, &warden, "run", "--", "true"]).stdin(Stdio::null()).output()?;
+        assert_eq!(out.status.code(), Some(125));
+        assert_eq!(text(&out.stderr), "authentication admission limit reached\n");
+        // Right uid, wrong gid: refused too.
+        let out = h
+            .command(&["setpriv", "--reuid=65534", "--regid=0", "--clear-groups", "env", &sock, &warden, "run", "--", "true"])
+            .stdin(Stdio::null())
+            .output()?;
+        assert_eq!(text(&out.stderr), "authentication admission limit reached\n");
+        Ok(())
+    }
+
+    pub fn session_limit_is_enforced(kind: Kind) -> Result<()> {
+        let Some(h) = harness(kind, &["--max-sessions", "1"])? else { return Ok(()) };
+        let (mut held, _) = spawn_unit(&h, &["sleep", "1000"])?;
+        let out = h.run(&["true"])?;
+        assert_eq!(out.status.code(), Some(125));
+        assert_eq!(text(&out.stderr), "session limit reached\n");
+        if let Some(pid) = client_pid(&held) {
+            kill(pid, libc::SIGKILL)?;
+        }
+        let _ = held.wait();
+        // The slot comes back.
+        let freed = Harness::wait_for(Duration::from_secs(5), || h.run(&["true"]).is_ok_and(|o| o.status.success()));
+        assert!(freed.is_some(), "session slot not released; log:\n{}", h.log_text());
+        Ok(())
+    }
+
+    pub fn silent_connection_is_closed_at_the_handshake_timeout(kind: Kind) -> Result<()> {
+        let Some(h) = harness(kind, &["--handshake-timeout", "500ms", "--max-unauthenticated", "1"])? else {
+            return Ok(());
+        };
+        let silent = h.probe_spawn(&["sleep", "1.5", "drain"])?;
+        std::thread::sleep(Duration::from_millis(150));
+        // The only unauthenticated slot is taken.
+        let out = h.run(&["true"])?;
+        assert_eq!(text(&out.stderr), "authentication admission limit reached\n");
+        let out = silent.wait_with_output()?;
+        let said = text(&out.stdout);
+        assert!(said.contains("handshake timed out"), "{said}");
+        assert!(said.trim_end().ends_with("EOF"), "{said}");
+        // The slot is free again.
+        let out = h.run(&["true"])?;
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        Ok(())
+    }
+
+    pub fn bad_input_gets_an_error_frame_and_a_close(kind: Kind) -> Result<()> {
+        let Some(h) = harness(kind, &[])? else { return Ok(()) };
+        let wd = h.workdir.display().to_string();
+        let cases: Vec<(Vec<&str>, &str)> = vec![
+            (vec!["huge", "drain"], "exceeds the limit"),
+            (vec!["half", "drain"], "closed in the middle of a frame"),
+            (vec!["frame", "{not json", "drain"], "malformed message"),
+            (vec!["frame", r#"{"type":"stop"}"#, "drain"], "expected hello"),
+            (vec!["frame", r#"{"type":"hello","version":99}"#, "drain"], "unsupported protocol version 99"),
+            (vec!["hello", "read", "start-nofd", "drain"], "declares 1 file descriptors but 0 were attached"),
+            (vec!["hello", "read", "start-fds", "cwd", "/etc/passwd", "drain"], "cwd descriptor is not a directory"),
+            (vec!["hello", "read", "start-empty", &wd, "drain"], "empty command"),
+            (vec!["hello", "read", "hello", "drain"], "expected start"),
+        ];
+        for (steps, expected) in cases {
+            let out = h.probe(&steps)?;
+            let said = text(&out.stdout);
+            let last_two: Vec<&str> = said.lines().rev().take(2).collect();
+            assert_eq!(last_two.first(), Some(&"EOF"), "{steps:?}: {said}");
+            assert!(
+                last_two.get(1).is_some_and(|l| l.contains(r#""type": "error""#) && l.contains(expected)),
+                "{steps:?}: expected an error frame with {expected:?}, got {said}"
+            );
+        }
+        // The daemon keeps serving.
+        let out = h.run(&["true"])?;
+        assert_eq!(out.status.code(), Some(0));
+        assert!(h.units()?.is_empty());
+        Ok(())
+    }
+}
+
+#[test]
+fn systemd_unit_properties_are_the_baseline_sandbox() -> Result<()> {
+    let Some(h) = harness(Kind::Systemd, &[])? else { return Ok(()) };
+    let (mut child, unit) = spawn_unit(&h, &["sleep", "1000"])?;
+    let out = h.exec_root(&[
+        "systemctl", "show", &unit, "-p", "User", "-p", "NoNewPrivileges", "-p", "ProtectSystem", "-p", "Slice",
+        "-p", "PrivateTmp", "-p", "ProtectHome", "-p", "KillMode",
+    ])?;
+    let props = text(&out.stdout);
+    for expected in [
+        "User=nobody",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        &format!("Slice={}.slice", h.prefix),
+        "PrivateTmp=yes",
+        "ProtectHome=read-only",
+        "KillMode=control-group",
+    ] {
+        assert!(props.lines().any(|l| l == expected), "missing {expected} in\n{props}");
+    }
+    if let Some(pid) = client_pid(&child) {
+        kill(pid, libc::SIGTERM)?;
+    }
+    let _ = child.wait();
+    Ok(())
+}
+
+#[test]
+fn orphan_cleanup_that_cannot_reach_systemd_fails_startup() -> Result<()> {
+    if !can_run("orphan cleanup failure") {
+        return Ok(());
+    }
+    // This host's PID 1 is not systemd: nothing listens on /run/systemd/private.
+    if std::path::Path::new("/run/systemd/private").exists() {
+        eprintln!("skipping: this host runs systemd");
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let out = std::process::Command::new(bin("wardend"))
+        .args(["--client-user", "nobody", "--backend", "systemd", "--socket"])
+        .arg(dir.path().join("w.sock"))
+        .stdin(Stdio::null())
+        .output()?;
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("wardend: startup orphan cleanup: "), "{err}");
+    assert!(!dir.path().join("w.sock").exists(), "must not listen");
+    Ok(())
+}
+
+#[test]
+fn native_units_live_in_the_prefix_cgroup() -> Result<()> {
+    let Some(h) = harness(Kind::Native, &[])? else { return Ok(()) };
+    let (mut child, unit) = spawn_unit(&h, &["sleep", "1000"])?;
+    assert!(native_unit_cgroups(&h.prefix).contains(&unit));
+    if let Some(pid) = client_pid(&child) {
+        kill(pid, libc::SIGTERM)?;
+    }
+    let _ = child.wait();
+    Ok(())
+}
