@@ -28,6 +28,8 @@ enum Script {
     ErrorOnStart(ErrorCode, &'static str),
     /// `started`, send SIGTERM to the client, expect `signal 15`, end with signal 15.
     ForwardSigterm,
+    /// SIGTERM to the client before `started`: it must arrive as `signal 15` after it.
+    SigtermBeforeStarted,
     /// `started`, then close without `exited`.
     CloseEarly,
 }
@@ -125,11 +127,18 @@ async fn serve(
         Script::CloseEarly => {
             send_started(&conn).await?;
         }
-        Script::ForwardSigterm => {
-            send_started(&conn).await?;
+        Script::ForwardSigterm | Script::SigtermBeforeStarted => {
+            let early = matches!(script, Script::SigtermBeforeStarted);
+            if !early {
+                send_started(&conn).await?;
+            }
             let pid = rustix::process::Pid::from_raw(i32::try_from(client_pid)?)
                 .ok_or("bad client pid")?;
             rustix::process::kill_process(pid, rustix::process::Signal::TERM)?;
+            if early {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                send_started(&conn).await?;
+            }
             let (msg, _) =
                 tokio::time::timeout(std::time::Duration::from_secs(10), conn.recv::<Request>())
                     .await??
@@ -178,8 +187,18 @@ fn check_start_fds(start: &StartRequest, fds: &[OwnedFd], workdir: &Path) -> Tes
 
 /// Run `warden ARGS` in `env.workdir` against a fake daemon playing `script`.
 async fn run_client(env: &Env, args: &[&str], script: Script) -> TestResult<(Output, Seen)> {
+    run_bin(env!("CARGO_BIN_EXE_warden"), env, args, script).await
+}
+
+/// Run `BIN ARGS` in `env.workdir` against a fake daemon playing `script`.
+async fn run_bin(
+    bin: &str,
+    env: &Env,
+    args: &[&str],
+    script: Script,
+) -> TestResult<(Output, Seen)> {
     let listener = UnixListener::bind(&env.socket)?;
-    let child = Command::new(env!("CARGO_BIN_EXE_warden"))
+    let child = Command::new(bin)
         .args(args)
         .current_dir(&env.workdir)
         .env("WARDEN_SOCKET", &env.socket)
@@ -333,6 +352,20 @@ async fn sigterm_is_forwarded_as_signal_15() -> TestResult {
 }
 
 #[tokio::test]
+async fn sigterm_before_started_is_held_and_forwarded() -> TestResult {
+    let env = env()?;
+    let (out, seen) = run_client(
+        &env,
+        &["run", "--", "sleep", "100"],
+        Script::SigtermBeforeStarted,
+    )
+    .await?;
+    assert_eq!(seen.signals, vec![15]);
+    assert_eq!(out.status.code(), Some(143), "stderr: {}", stderr(&out));
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_daemon_that_closes_early_is_125() -> TestResult {
     let env = env()?;
     let (out, _) = run_client(&env, &["run", "--", "true"], Script::CloseEarly).await?;
@@ -430,5 +463,58 @@ async fn status_prints_protocol_and_backend() -> TestResult {
     daemon.await??;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out), "wardend: protocol 1, backend native\n");
+    Ok(())
+}
+
+#[tokio::test]
+async fn warden_sh_runs_bin_sh_through_the_daemon() -> TestResult {
+    let env = env()?;
+    let (out, seen) = run_bin(
+        env!("CARGO_BIN_EXE_warden-sh"),
+        &env,
+        &["-lc", "echo $0 $1", "name", "one"],
+        Script::Exit(report(ExitReason::Exited, Some(3), None)),
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(3), "stderr: {}", stderr(&out));
+    let start = seen.start.ok_or("no start")?;
+    assert_eq!(
+        start.argv,
+        vec!["/bin/sh", "-l", "-c", "echo $0 $1", "name", "one"]
+    );
+    assert!(start
+        .env
+        .contains(&("SHELL".to_owned(), "/bin/sh".to_owned())));
+    assert_eq!(start.env.iter().filter(|(k, _)| k == "SHELL").count(), 1);
+
+    // No command and stdin not a terminal: commands are read from stdin, in the unit.
+    let env = self::env()?;
+    let (out, seen) = run_bin(
+        env!("CARGO_BIN_EXE_warden-sh"),
+        &env,
+        &[],
+        Script::Exit(report(ExitReason::Exited, Some(0), None)),
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
+    assert_eq!(seen.start.ok_or("no start")?.argv, vec!["/bin/sh", "-s"]);
+    Ok(())
+}
+
+#[test]
+fn warden_sh_refuses_what_it_cannot_do() -> TestResult {
+    for args in [&["-i"][..], &["-c"][..], &["--rcfile", "x", "-c", "y"][..]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_warden-sh"))
+            .args(args)
+            .env("WARDEN_SOCKET", "/nonexistent/warden.sock")
+            .stdin(Stdio::null())
+            .output()?;
+        assert_eq!(out.status.code(), Some(125), "{args:?}");
+        assert!(
+            stderr(&out).starts_with("warden-sh: "),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
     Ok(())
 }
