@@ -6,8 +6,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
+use std::collections::BTreeMap;
 
+use serde::Deserialize;
+use toml::Spanned;
+use warden_proto::Network;
+
+use crate::policy::profile::{Ceiling, Profile, Profiles};
 use crate::units::BackendKind;
 
 /// Where the config file is looked for when `--config` is not given.
@@ -42,6 +47,18 @@ pub enum ConfigError {
         /// What is wrong.
         message: String,
     },
+    /// A value in the file is wrong or loosens the ceiling.
+    #[error("{path}:{line}: {key}: {message}")]
+    At {
+        /// The file.
+        path: PathBuf,
+        /// The line.
+        line: usize,
+        /// The key, dotted (`profiles.default.memory_max`).
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
     /// No client account was configured.
     #[error("no client account: set --client-user or client_user in the config file")]
     NoClientUser,
@@ -73,6 +90,48 @@ pub struct FileConfig {
     pub origin_window: Option<Duration>,
     /// Most admissions per origin within one window.
     pub origin_max_per_window: Option<usize>,
+    /// The admin's bound over every profile.
+    pub ceiling: Option<FileLimits>,
+    /// Named profiles.
+    #[serde(default)]
+    pub profiles: BTreeMap<String, FileLimits>,
+}
+
+/// A size in the file: bytes as an integer, or text like `512M`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum SizeValue {
+    /// Bytes.
+    Bytes(u64),
+    /// `512M`, `4G`, ...
+    Text(String),
+}
+
+/// A profile, or the ceiling, as written in the file. Values keep their place in the file
+/// so that an error can name the line.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileLimits {
+    /// `none`, `loopback` or `host`.
+    pub network: Option<Spanned<Network>>,
+    /// Memory limit.
+    pub memory_max: Option<Spanned<SizeValue>>,
+    /// Most tasks.
+    pub tasks_max: Option<Spanned<u64>>,
+    /// CPU quota in percent of one CPU (`"150%"` or `150`).
+    pub cpu_quota: Option<Spanned<SizeValue>>,
+    /// Wall-time limit (`"30s"`).
+    pub timeout: Option<Spanned<String>>,
+    /// Whether a pty may be used.
+    pub pty: Option<Spanned<bool>>,
+    /// Extra writable paths (profiles only).
+    pub writable: Option<Vec<String>>,
+    /// Extra hidden paths.
+    pub hidden: Option<Vec<String>>,
+    /// Environment pass-list patterns (profiles only).
+    pub env_pass: Option<Vec<String>>,
+    /// Environment deny patterns.
+    pub env_deny: Option<Vec<String>>,
 }
 
 /// Flags that override the file (`None` = not given).
@@ -124,23 +183,39 @@ pub struct Config {
     pub origin_window: Duration,
     /// Most admissions per origin within one window.
     pub origin_max_per_window: usize,
+    /// Profiles and their ceiling.
+    pub profiles: Profiles,
 }
 
 impl Config {
     /// Load `path` (or the default file if it exists) and apply `flags` over it.
     pub fn load(path: Option<&Path>, flags: Flags) -> Result<Self, ConfigError> {
-        let file = match path {
-            Some(p) => Some(read_file(p)?),
-            None if Path::new(DEFAULT_CONFIG).exists() => {
-                Some(read_file(Path::new(DEFAULT_CONFIG))?)
-            }
+        let path = match path {
+            Some(p) => Some(p.to_path_buf()),
+            None if Path::new(DEFAULT_CONFIG).exists() => Some(PathBuf::from(DEFAULT_CONFIG)),
             None => None,
         };
-        Self::merge(file.unwrap_or_default(), flags)
+        match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(&p).map_err(|source| ConfigError::Read {
+                    path: p.clone(),
+                    source,
+                })?;
+                Self::from_text(&p, &text, flags)
+            }
+            None => Self::merge(FileConfig::default(), flags, Profiles::default()),
+        }
+    }
+
+    /// Parse config text from `path` and apply `flags` over it.
+    pub fn from_text(path: &Path, text: &str, flags: Flags) -> Result<Self, ConfigError> {
+        let mut file = parse_file(path, text)?;
+        let profiles = profiles_of(path, text, &mut file)?;
+        Self::merge(file, flags, profiles)
     }
 
     /// Apply flags over a parsed file, fill defaults, validate.
-    pub fn merge(file: FileConfig, flags: Flags) -> Result<Self, ConfigError> {
+    pub fn merge(file: FileConfig, flags: Flags, profiles: Profiles) -> Result<Self, ConfigError> {
         let cfg = Config {
             client_user: flags
                 .client_user
@@ -167,6 +242,7 @@ impl Config {
             socket_buffer_size: file.socket_buffer_size.unwrap_or(256 * 1024),
             origin_window: file.origin_window.unwrap_or(Duration::from_secs(1)),
             origin_max_per_window: file.origin_max_per_window.unwrap_or(64),
+            profiles,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -219,12 +295,125 @@ impl Config {
     }
 }
 
-fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+/// The ceiling and profiles of a parsed file, each profile checked against the ceiling.
+fn profiles_of(path: &Path, text: &str, file: &mut FileConfig) -> Result<Profiles, ConfigError> {
+    let at = |span: std::ops::Range<usize>, key: String, message: String| ConfigError::At {
         path: path.to_path_buf(),
-        source,
-    })?;
-    parse_file(path, &text)
+        line: text.get(..span.start).map_or(1, |t| t.matches('\n').count() + 1),
+        key,
+        message,
+    };
+    let ceiling = match file.ceiling.take() {
+        None => Ceiling::default(),
+        Some(c) => {
+            let base = Ceiling::default();
+            let l = limits(&c, "ceiling", &at)?;
+            Ceiling {
+                network: c.network.as_ref().map_or(base.network, |n| *n.get_ref()),
+                memory_max: l.memory_max,
+                tasks_max: l.tasks_max,
+                cpu_quota_percent: l.cpu_quota_percent,
+                timeout: l.timeout,
+                pty: c.pty.as_ref().map_or(base.pty, |p| *p.get_ref()),
+                hidden: c.hidden.clone().unwrap_or_default(),
+                env_deny: c.env_deny.clone().unwrap_or_default(),
+            }
+        }
+    };
+    let mut configured = BTreeMap::new();
+    for (name, fp) in std::mem::take(&mut file.profiles) {
+        let key = format!("profiles.{name}");
+        let l = limits(&fp, &key, &at)?;
+        let base = Profile::builtin_default();
+        let profile = Profile {
+            network: fp.network.as_ref().map_or(base.network, |n| *n.get_ref()),
+            memory_max: l.memory_max,
+            tasks_max: l.tasks_max,
+            cpu_quota_percent: l.cpu_quota_percent,
+            timeout: l.timeout,
+            writable: fp.writable.clone().unwrap_or(base.writable),
+            hidden: fp.hidden.clone().unwrap_or_default(),
+            env_pass: fp.env_pass.clone().unwrap_or_default(),
+            env_deny: fp.env_deny.clone().unwrap_or_default(),
+            pty: fp.pty.as_ref().is_some_and(|p| *p.get_ref()),
+        };
+        if let Some((field, value, limit)) = profile.exceeds(&ceiling) {
+            let span = match field {
+                "network" => fp.network.as_ref().map(Spanned::span),
+                "memory_max" => fp.memory_max.as_ref().map(Spanned::span),
+                "tasks_max" => fp.tasks_max.as_ref().map(Spanned::span),
+                "cpu_quota" => fp.cpu_quota.as_ref().map(Spanned::span),
+                "timeout" => fp.timeout.as_ref().map(Spanned::span),
+                _ => fp.pty.as_ref().map(Spanned::span),
+            };
+            let where_ = span.unwrap_or_else(|| header_span(text, &name));
+            return Err(at(
+                where_,
+                format!("{key}.{field}"),
+                format!("{value} loosens the ceiling ({limit})"),
+            ));
+        }
+        configured.insert(name, profile);
+    }
+    Ok(Profiles::with(configured, ceiling))
+}
+
+/// Where `[profiles.NAME]` starts, for errors about a value the profile left out.
+fn header_span(text: &str, name: &str) -> std::ops::Range<usize> {
+    let start = text.find(&format!("[profiles.{name}]")).unwrap_or(0);
+    start..start
+}
+
+/// The numeric limits of a profile or the ceiling, parsed.
+struct ParsedLimits {
+    memory_max: Option<u64>,
+    tasks_max: Option<u64>,
+    cpu_quota_percent: Option<u32>,
+    timeout: Option<Duration>,
+}
+
+fn limits(
+    l: &FileLimits,
+    key: &str,
+    at: &impl Fn(std::ops::Range<usize>, String, String) -> ConfigError,
+) -> Result<ParsedLimits, ConfigError> {
+    let memory_max = match &l.memory_max {
+        None => None,
+        Some(v) => Some(match v.get_ref() {
+            SizeValue::Bytes(b) => *b,
+            SizeValue::Text(t) => warden_proto::parse::parse_size(t)
+                .map_err(|e| at(v.span(), format!("{key}.memory_max"), e.to_string()))?,
+        }),
+    };
+    let cpu_quota_percent = match &l.cpu_quota {
+        None => None,
+        Some(v) => {
+            let n = match v.get_ref() {
+                SizeValue::Bytes(b) => Some(*b),
+                SizeValue::Text(t) => t.trim().trim_end_matches('%').parse().ok(),
+            };
+            Some(
+                n.and_then(|n| u32::try_from(n).ok())
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| at(v.span(), format!("{key}.cpu_quota"), "expected a percentage like \"150%\"".into()))?,
+            )
+        }
+    };
+    let timeout = match &l.timeout {
+        None => None,
+        Some(v) => Some(
+            parse_duration(v.get_ref()).map_err(|e| at(v.span(), format!("{key}.timeout"), e))?,
+        ),
+    };
+    if let Some(t) = l.tasks_max.as_ref().filter(|t| *t.get_ref() == 0) {
+        return Err(at(t.span(), format!("{key}.tasks_max"), "must be at least 1".into()));
+    }
+    Ok(ParsedLimits {
+        memory_max,
+        tasks_max: l.tasks_max.as_ref().map(|t| *t.get_ref()),
+        cpu_quota_percent,
+        timeout,
+    })
 }
 
 /// Parse config text; errors carry the file, line and key.
@@ -278,7 +467,7 @@ mod tests {
         )?;
         let mut flags = flags_with_user();
         flags.max_sessions = Some(9);
-        let cfg = Config::merge(file, flags)?;
+        let cfg = Config::merge(file, flags, Profiles::default())?;
         assert_eq!(cfg.client_user, "nobody");
         assert_eq!(cfg.max_sessions, 9);
         assert_eq!(cfg.handshake_timeout, Duration::from_millis(250));
@@ -305,11 +494,44 @@ mod tests {
         assert!(bad.is_err());
         let mut flags = flags_with_user();
         flags.unit_prefix = Some("a-b".into());
-        assert!(Config::merge(FileConfig::default(), flags).is_err());
+        assert!(Config::merge(FileConfig::default(), flags, Profiles::default()).is_err());
         assert!(matches!(
-            Config::merge(FileConfig::default(), Flags::default()),
+            Config::merge(FileConfig::default(), Flags::default(), Profiles::default()),
             Err(ConfigError::NoClientUser)
         ));
+    }
+
+    #[test]
+    fn profiles_are_checked_against_the_ceiling_with_their_line() {
+        let text = "client_user = \"nobody\"\n[ceiling]\nnetwork = \"loopback\"\nmemory_max = \"2G\"\n\n[profiles.build]\nnetwork = \"none\"\nmemory_max = \"4G\"\n";
+        let err = Config::from_text(Path::new("/etc/w.toml"), text, Flags::default())
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        assert_eq!(
+            err,
+            Err("/etc/w.toml:8: profiles.build.memory_max: 4G loosens the ceiling (2G)".into())
+        );
+        let ok = text.replace("4G", "1G");
+        let cfg = Config::from_text(Path::new("w.toml"), &ok, Flags::default());
+        let cfg = cfg.map_err(|e| e.to_string());
+        let build = cfg.as_ref().ok().and_then(|c| c.profiles.profiles.get("build").cloned());
+        assert_eq!(build.as_ref().map(|p| p.memory_max), Some(Some(1 << 30)));
+        // Built-ins are narrowed to the ceiling.
+        let online = cfg.ok().and_then(|c| c.profiles.profiles.get("online").cloned());
+        assert_eq!(online.map(|p| p.network), Some(Network::Loopback));
+    }
+
+    #[test]
+    fn bad_profile_values_name_the_line_and_key() {
+        let text = "[profiles.x]\ntimeout = \"soon\"\n";
+        let err = Config::from_text(Path::new("w.toml"), text, flags_with_user()).map(|_| ()).map_err(|e| e.to_string());
+        assert!(err.as_ref().is_err_and(|e| e.starts_with("w.toml:2: profiles.x.timeout: ")), "{err:?}");
+        let text = "[profiles.x]\nnetwork = \"internet\"\n";
+        let err = Config::from_text(Path::new("w.toml"), text, flags_with_user()).map(|_| ()).map_err(|e| e.to_string());
+        assert!(err.as_ref().is_err_and(|e| e.contains("line 2")), "{err:?}");
+        let text = "[profiles.x]\nnetwrk = \"none\"\n";
+        let err = Config::from_text(Path::new("w.toml"), text, flags_with_user()).map(|_| ()).map_err(|e| e.to_string());
+        assert!(err.as_ref().is_err_and(|e| e.contains("line 2") && e.contains("netwrk")), "{err:?}");
     }
 
     #[test]

@@ -100,7 +100,10 @@ impl<M: UnitManager> Server<M> {
             session: SessionContext {
                 manager: Arc::new(manager),
                 account,
-                settings: Settings { socket_dir },
+                settings: Settings {
+                    socket_dir,
+                    profiles: config.profiles.clone(),
+                },
                 prefix: config.unit_prefix.clone(),
                 shutdown,
             },

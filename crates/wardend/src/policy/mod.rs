@@ -1,15 +1,22 @@
 //! Policy: a start request, its descriptors, the client account and the daemon's settings
 //! become one fully validated [`UnitSpec`] — every check done and every path resolved
-//! before a backend touches the system. Nothing here has side effects.
+//! before a backend touches the system. Nothing here changes the system.
+//!
+//! [`profile`] holds the profiles and the admin's ceiling; [`env`] filters the environment.
+
+pub mod env;
+pub mod profile;
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use warden_proto::{ErrorCode, FdRole, Network, Response, StartRequest};
+use warden_proto::{ErrorCode, FdRole, Response, StartRequest};
 
 use crate::account::Account;
 use crate::units::{FsView, Limits, UnitName, UnitSpec};
+
+use self::profile::{Profile, ProfileError, Profiles, BUILTIN_HIDDEN};
 
 /// PATH used to resolve the command when the request has none.
 pub const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
@@ -44,6 +51,9 @@ pub enum PolicyError {
     /// A pty was asked for.
     #[error("refused: pty is not supported yet")]
     Pty,
+    /// The profile is unknown or the request would loosen it.
+    #[error(transparent)]
+    Profile(#[from] ProfileError),
     /// Something on the host failed while checking.
     #[error("checking the request: {0}")]
     Io(#[from] std::io::Error),
@@ -55,7 +65,7 @@ impl PolicyError {
         let code = match self {
             PolicyError::NotFound(_) => ErrorCode::NotFound,
             PolicyError::NotExecutable(_) => ErrorCode::NotExecutable,
-            PolicyError::Pty => ErrorCode::Refused,
+            PolicyError::Pty | PolicyError::Profile(_) => ErrorCode::Refused,
             PolicyError::Io(_) | PolicyError::CwdUnreachable(_) => ErrorCode::Internal,
             _ => ErrorCode::Protocol,
         };
@@ -68,6 +78,8 @@ impl PolicyError {
 pub struct Settings {
     /// The directory holding wardend's socket: hidden in every unit.
     pub socket_dir: PathBuf,
+    /// The profiles and their ceiling.
+    pub profiles: Profiles,
 }
 
 /// Build the spec of unit `name` from a start request and the descriptors of its frame.
@@ -83,6 +95,7 @@ pub fn build(
     }
     check_argv(&req.argv)?;
     check_env(&req.env)?;
+    let (_, profile) = settings.profiles.resolve(req.profile.as_deref(), &req.overrides)?;
     let (cwd, stdio) = assign_fds(&req.fds, fds)?;
     let cwd_path = cwd_path(&cwd)?;
     let path_var = req
@@ -92,11 +105,14 @@ pub fn build(
         .find(|(k, _)| k == "PATH")
         .map_or(DEFAULT_PATH, |(_, v)| v.as_str());
     let exe = resolve_exe(&req.argv[0], path_var, &cwd_path, account)?;
+    let ceiling = &settings.profiles.ceiling;
+    let env = env::filter(req.env, &profile.env_pass, &[&ceiling.env_deny, &profile.env_deny]);
+    let fs = fs_view(&profile, settings, account);
     Ok(UnitSpec {
         name,
         argv: req.argv,
         exe,
-        env: req.env,
+        env,
         cwd,
         cwd_path,
         stdio,
@@ -104,13 +120,39 @@ pub fn build(
         gid: account.gid,
         groups: account.groups.clone(),
         home: Some(account.home.clone()),
-        fs: FsView {
-            writable: Vec::new(),
-            hidden: vec![settings.socket_dir.clone()],
+        fs,
+        network: profile.network,
+        limits: Limits {
+            memory_max: profile.memory_max,
+            tasks_max: profile.tasks_max,
+            cpu_quota_percent: profile.cpu_quota_percent,
+            timeout: profile.timeout,
         },
-        network: Network::Host,
-        limits: Limits::default(),
     })
+}
+
+/// The paths a profile makes writable or hidden, resolved against the client's home and
+/// kept only where they exist (a missing path has nothing to hide or to write to).
+fn fs_view(profile: &Profile, settings: &Settings, account: &Account) -> FsView {
+    let resolve = |p: &String| -> Option<PathBuf> {
+        let path = match p.strip_prefix("~/") {
+            Some(rel) => account.home.join(rel),
+            None => PathBuf::from(p),
+        };
+        (path.is_absolute() && std::fs::symlink_metadata(&path).is_ok()).then_some(path)
+    };
+    let hidden_names = BUILTIN_HIDDEN
+        .iter()
+        .map(|s| s.to_string())
+        .chain(settings.profiles.ceiling.hidden.iter().cloned())
+        .chain(profile.hidden.iter().cloned())
+        .collect::<Vec<_>>();
+    let mut hidden: Vec<PathBuf> = hidden_names.iter().filter_map(resolve).collect();
+    hidden.push(settings.socket_dir.clone());
+    FsView {
+        writable: profile.writable.iter().filter_map(resolve).collect(),
+        hidden,
+    }
 }
 
 fn check_argv(argv: &[String]) -> Result<(), PolicyError> {
