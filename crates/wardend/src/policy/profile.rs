@@ -296,7 +296,7 @@ pub fn network_name(n: Network) -> &'static str {
 /// Bytes the way people write them (`512M`, `4G`, or a byte count).
 pub fn format_size(b: u64) -> String {
     for (unit, shift) in [("T", 40), ("G", 30), ("M", 20), ("K", 10)] {
-        if b >= 1 << shift && b % (1 << shift) == 0 {
+        if b >= 1 << shift && b.is_multiple_of(1 << shift) {
             return format!("{}{unit}", b >> shift);
         }
     }
@@ -305,9 +305,9 @@ pub fn format_size(b: u64) -> String {
 
 /// Milliseconds the way people write them.
 pub fn format_ms(ms: u64) -> String {
-    if ms % 1000 != 0 {
+    if !ms.is_multiple_of(1000) {
         format!("{ms}ms")
-    } else if ms % 60_000 != 0 || ms == 0 {
+    } else if !ms.is_multiple_of(60_000) || ms == 0 {
         format!("{}s", ms / 1000)
     } else {
         format!("{}m", ms / 60_000)
