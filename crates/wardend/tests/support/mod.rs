@@ -1,0 +1,5 @@
+//! Helpers shared by wardend's integration tests.
+
+#![allow(dead_code)]
+
+pub mod container;
