@@ -14,6 +14,7 @@ use std::pin::Pin;
 use zbus::export::futures_core::Stream;
 use zbus::message::Type as MessageType;
 use zbus::proxy::CacheProperties;
+use super::private;
 use zbus::{Connection, MatchRule, MessageStream, OwnedObjectPath, OwnedVariant, Variant};
 
 /// The manager object.
@@ -95,16 +96,22 @@ pub(super) trait Properties {
 /// systemd's private socket (peer-to-peer).
 pub(super) async fn connect(socket: &Path) -> zbus::Result<Connection> {
     let stream = tokio::net::UnixStream::connect(socket).await.map_err(zbus::Error::from)?;
-    let stream = stream.into_std().map_err(zbus::Error::from)?;
-    connect_stream(stream, socket != Path::new(SYSTEM_BUS_SOCKET)).await
+    if socket == Path::new(SYSTEM_BUS_SOCKET) {
+        let conn = zbus::connection::Builder::unix_stream(stream.into_std()?).build().await?;
+        ManagerProxy::new(&conn).await?.subscribe().await?;
+        Ok(conn)
+    } else {
+        connect_private(stream).await
+    }
 }
 
-/// Set up D-Bus over a connected `stream`: peer-to-peer (systemd's private socket: no bus
-/// daemon, so no `Hello` and no `AddMatch`) or to the bus. Then `Subscribe()` so that systemd
-/// sends this connection its signals.
-pub(super) async fn connect_stream(stream: std::os::unix::net::UnixStream, p2p: bool) -> zbus::Result<Connection> {
-    let builder = zbus::connection::Builder::unix_stream(stream);
-    let conn = if p2p { builder.p2p().build().await? } else { builder.build().await? };
+/// Set up D-Bus over `stream`, connected to systemd's private socket: peer-to-peer (no bus
+/// daemon, so no `Hello` and no `AddMatch`), through [`private::PrivateSocket`]. Then
+/// `Subscribe()` so that systemd sends this connection its signals.
+pub(super) async fn connect_private(stream: tokio::net::UnixStream) -> zbus::Result<Connection> {
+    let guid = private::authenticate(&stream).await?;
+    let socket = private::PrivateSocket(std::sync::Arc::new(stream));
+    let conn = zbus::connection::Builder::authenticated_socket(socket, guid.as_str()).p2p().build().await?;
     ManagerProxy::new(&conn).await?.subscribe().await?;
     Ok(conn)
 }

@@ -2,16 +2,20 @@
 //! D-Bus — the system bus when it runs, else systemd's private socket (peer-to-peer).
 //!
 //! - [`bus`]: the proxies of the few systemd1 methods used, connection, signal streams.
+//! - [`private`]: systemd's private socket as a zbus socket (SASL, sender rewriting).
 //! - [`properties`]: a [`UnitSpec`] as transient-unit properties.
 //! - [`unit`]: the running unit (wait, signal, stop) and its exit report.
 
 mod bus;
+mod private;
 mod properties;
 mod unit;
 
 use std::path::Path;
 
 use zbus::Connection;
+
+use properties::Retention;
 
 use super::{name, UnitError, UnitManager, UnitSpec};
 
@@ -24,13 +28,15 @@ pub fn pid1_is_systemd() -> bool {
 
 /// Connection to systemd, for one unit prefix.
 pub struct SystemdManager {
-    /// The connection; every unit started holds a clone (and systemd ties the units'
-    /// `AddRef` references to it).
+    /// The connection; every unit started holds a clone (on the system bus, systemd ties the
+    /// units' `AddRef` references to it).
     conn: Connection,
     /// The unit prefix.
     prefix: String,
     /// `<prefix>.slice`.
     slice: String,
+    /// How ended units stay loaded until released: depends on the connection.
+    retention: Retention,
 }
 
 impl SystemdManager {
@@ -53,7 +59,8 @@ impl SystemdManager {
         let conn = bus::connect(socket)
             .await
             .map_err(|e| UnitError::Unreachable(format!("connecting to systemd at {}: {e}", socket.display())))?;
-        Ok(Self { conn, prefix: prefix.to_string(), slice: name::slice_of(prefix) })
+        let retention = if conn.is_bus() { Retention::AddRef } else { Retention::RemainAfterExit };
+        Ok(Self::new(conn, prefix, retention))
     }
 
     /// Use `stream`, already connected to systemd's private socket (peer-to-peer). systemd
@@ -61,10 +68,23 @@ impl SystemdManager {
     /// caller outside it (a test on the host of a container) connects from a helper inside
     /// and passes the stream.
     pub async fn connect_stream(prefix: &str, stream: std::os::unix::net::UnixStream) -> Result<Self, UnitError> {
-        let conn = bus::connect_stream(stream, true)
+        stream
+            .set_nonblocking(true)
+            .map_err(|e| UnitError::Unreachable(format!("setting up the passed socket: {e}")))?;
+        let conn = async { bus::connect_private(tokio::net::UnixStream::from_std(stream)?).await }
             .await
             .map_err(|e| UnitError::Unreachable(format!("connecting to systemd over a passed socket: {e}")))?;
-        Ok(Self { conn, prefix: prefix.to_string(), slice: name::slice_of(prefix) })
+        Ok(Self::new(conn, prefix, Retention::RemainAfterExit))
+    }
+
+    /// A manager over `conn`.
+    fn new(conn: Connection, prefix: &str, retention: Retention) -> Self {
+        Self { conn, prefix: prefix.to_string(), slice: name::slice_of(prefix), retention }
+    }
+
+    /// The unit path to `Unref()` on release: only units this connection holds a reference to.
+    fn unref_path<'p>(&self, path: &'p str) -> Option<&'p str> {
+        (self.retention == Retention::AddRef).then_some(path)
     }
 
     /// A `Start` error for `unit`.
@@ -89,7 +109,7 @@ impl UnitManager for SystemdManager {
     async fn start(&self, spec: UnitSpec) -> Result<SystemdUnit, UnitError> {
         let name = spec.name.clone();
         let unit = name.as_str();
-        let props = properties::transient_properties(&spec, &self.slice).map_err(|e| Self::start_error(unit, e))?;
+        let props = properties::transient_properties(&spec, &self.slice, self.retention).map_err(|e| Self::start_error(unit, e))?;
         let manager = bus::ManagerProxy::new(&self.conn).await.map_err(|e| Self::start_error(unit, e))?;
         // Subscribe to JobRemoved before the job exists: it may end before the call returns.
         let mut jobs = bus::job_removed_stream(&self.conn).await.map_err(|e| Self::start_error(unit, e))?;
@@ -106,12 +126,12 @@ impl UnitManager for SystemdManager {
         if result != "done" {
             let unit_result = self.unit_result(&path).await.unwrap_or_else(|| "unknown".into());
             // Do not leave the failed unit behind.
-            if let Err(e) = unit::stop_and_release(&self.conn, unit, Some(&path)).await {
+            if let Err(e) = unit::stop_and_release(&self.conn, unit, self.unref_path(&path)).await {
                 tracing::warn!(unit, error = %e, "releasing a unit that failed to start");
             }
             return Err(Self::start_error(unit, format!("start job {result} (unit result: {unit_result})")));
         }
-        Ok(SystemdUnit { name, path, conn: self.conn.clone(), released: false })
+        Ok(SystemdUnit { name, path, conn: self.conn.clone(), retention: self.retention, released: false })
     }
 
     async fn cleanup_orphans(&self) -> Result<Vec<String>, UnitError> {

@@ -14,6 +14,19 @@ use crate::units::UnitSpec;
 /// One property: name and value.
 pub(super) type Property<'a> = (&'static str, Variant<'a>);
 
+/// How an ended unit is kept loaded until wardend has read its exit status and stopped it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Retention {
+    /// `AddRef=yes` + `CollectMode=inactive-or-failed`: the unit is referenced by this bus
+    /// client until `Unref()`. Only on the system bus: systemd tracks the reference by the
+    /// client's unique name, and refuses `AddRef` (EINVAL) on its private socket, where
+    /// clients have none.
+    AddRef,
+    /// `RemainAfterExit=yes` + `CollectMode=inactive`: after its main process ended, the unit
+    /// stays `active (exited)` or `failed` until stopped or reset. For the private socket.
+    RemainAfterExit,
+}
+
 /// A path that systemd can take (D-Bus strings are UTF-8).
 fn utf8<'p>(what: &str, path: &'p Path) -> Result<&'p str, String> {
     path.to_str().ok_or_else(|| format!("{what} {} is not UTF-8", path.display()))
@@ -21,7 +34,11 @@ fn utf8<'p>(what: &str, path: &'p Path) -> Result<&'p str, String> {
 
 /// Map `spec` to the properties of its transient service in `slice`. The stdio descriptors
 /// are borrowed from `spec`; they must stay open until the call returns.
-pub(super) fn transient_properties<'a>(spec: &'a UnitSpec, slice: &str) -> Result<Vec<Property<'a>>, String> {
+pub(super) fn transient_properties<'a>(
+    spec: &'a UnitSpec,
+    slice: &str,
+    retention: Retention,
+) -> Result<Vec<Property<'a>>, String> {
     let exe = utf8("executable", &spec.exe)?;
     let cwd = utf8("working directory", &spec.cwd_path)?;
 
@@ -37,9 +54,6 @@ pub(super) fn transient_properties<'a>(spec: &'a UnitSpec, slice: &str) -> Resul
         ("Group", Variant::from(spec.gid.to_string())),
         ("SupplementaryGroups", Variant::from(spec.groups.iter().map(u32::to_string).collect::<Vec<_>>())),
         ("Environment", Variant::from(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>())),
-        // Collected as soon as it ended and this client released it (Unref).
-        ("CollectMode", Variant::from("inactive-or-failed")),
-        ("AddRef", Variant::from(true)),
         ("KillMode", Variant::from("control-group")),
         ("NoNewPrivileges", Variant::from(true)),
         ("PrivateTmp", Variant::from(true)),
@@ -48,10 +62,23 @@ pub(super) fn transient_properties<'a>(spec: &'a UnitSpec, slice: &str) -> Resul
         ("ReadWritePaths", Variant::from(writable_paths(cwd, &spec.fs.writable)?)),
         ("InaccessiblePaths", Variant::from(optional_paths("hidden path", &spec.fs.hidden)?)),
     ];
+    props.extend(retention_properties(retention));
     props.extend(stdio_properties(&spec.stdio));
     props.extend(limit_properties(spec));
     props.extend(network_properties(spec.network));
     Ok(props)
+}
+
+/// Keep the ended unit loaded until it is released (see [`Retention`]).
+fn retention_properties(retention: Retention) -> Vec<Property<'static>> {
+    match retention {
+        Retention::AddRef => {
+            vec![("CollectMode", Variant::from("inactive-or-failed")), ("AddRef", Variant::from(true))]
+        }
+        Retention::RemainAfterExit => {
+            vec![("CollectMode", Variant::from("inactive")), ("RemainAfterExit", Variant::from(true))]
+        }
+    }
 }
 
 /// The cwd (must exist) and the extra writable paths (`-`: ignored when missing).

@@ -8,6 +8,7 @@ use warden_proto::{ExitReason, ExitReport};
 use zbus::{Connection, OwnedVariant};
 
 use super::bus::{self, SERVICE_IFACE, UNIT_IFACE};
+use super::properties::Retention;
 use crate::units::{RunningUnit, UnitError, UnitName};
 
 /// `si_code` of a child that exited.
@@ -26,8 +27,10 @@ pub struct SystemdUnit {
     pub(super) name: UnitName,
     /// Its object path.
     pub(super) path: String,
-    /// The connection that started it (and holds its `AddRef` reference).
+    /// The connection that started it (and, on the system bus, holds its reference).
     pub(super) conn: Connection,
+    /// How it stays loaded once ended.
+    pub(super) retention: Retention,
     /// Whether stop() finished: the reference is released and the unit gone.
     pub(super) released: bool,
 }
@@ -38,10 +41,23 @@ impl SystemdUnit {
         UnitError::Control { op, unit: self.name.to_string(), cause: cause.to_string() }
     }
 
-    /// The unit's ActiveState.
-    async fn active_state(&self) -> zbus::Result<String> {
+    /// Whether the unit's main process has ended: the unit is inactive or failed or, when it
+    /// remains after exit, `active (exited)`.
+    async fn has_ended(&self) -> zbus::Result<bool> {
         let props = bus::properties_of(&self.conn, &self.path).await?;
-        String::try_from(props.get(UNIT_IFACE, "ActiveState").await?).map_err(zbus::Error::from)
+        let state = String::try_from(props.get(UNIT_IFACE, "ActiveState").await?)?;
+        if is_ended(&state) {
+            return Ok(true);
+        }
+        if self.retention == Retention::RemainAfterExit && state == "active" {
+            return Ok(String::try_from(props.get(UNIT_IFACE, "SubState").await?)? == "exited");
+        }
+        Ok(false)
+    }
+
+    /// The path to `Unref()` on release, when this connection holds a reference.
+    fn unref_path(&self) -> Option<&str> {
+        (self.retention == Retention::AddRef).then_some(self.path.as_str())
     }
 }
 
@@ -56,8 +72,7 @@ impl RunningUnit for SystemdUnit {
         let mut changes =
             bus::properties_changed_stream(&self.conn, &self.path).await.map_err(|e| self.control("wait", e))?;
         loop {
-            let state = self.active_state().await.map_err(|e| self.control("wait", e))?;
-            if is_ended(&state) {
+            if self.has_ended().await.map_err(|e| self.control("wait", e))? {
                 break;
             }
             // Any change of the unit's properties: read the state again.
@@ -81,7 +96,7 @@ impl RunningUnit for SystemdUnit {
         if self.released {
             return Ok(());
         }
-        stop_and_release(&self.conn, self.name.as_str(), Some(&self.path)).await.map_err(|e| self.control("stop", e))?;
+        stop_and_release(&self.conn, self.name.as_str(), self.unref_path()).await.map_err(|e| self.control("stop", e))?;
         self.released = true;
         Ok(())
     }
@@ -95,9 +110,10 @@ impl Drop for SystemdUnit {
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (conn, name, path) = (self.conn.clone(), self.name.to_string(), self.path.clone());
+            let (conn, name) = (self.conn.clone(), self.name.to_string());
+            let path = self.unref_path().map(str::to_string);
             runtime.spawn(async move {
-                if let Err(e) = stop_and_release(&conn, &name, Some(&path)).await {
+                if let Err(e) = stop_and_release(&conn, &name, path.as_deref()).await {
                     tracing::warn!(unit = %name, error = %e, "stopping a dropped unit");
                 }
             });
@@ -110,11 +126,11 @@ pub(super) fn is_ended(state: &str) -> bool {
     state == "inactive" || state == "failed"
 }
 
-/// Stop `name` if it still runs, wait until it is inactive, release this connection's
-/// reference (when `path` is given: the unit was started with `AddRef=yes` on this
-/// connection), forget a failure, and wait until systemd has collected it. A unit that is
-/// already gone is a success.
-pub(super) async fn stop_and_release(conn: &Connection, name: &str, path: Option<&str>) -> zbus::Result<()> {
+/// Stop `name` if it is still active (running, or remaining after exit), wait until it is
+/// inactive, release this connection's reference (when `unref_path` is given: the unit was
+/// started with `AddRef=yes` on this connection), forget a failure, and wait until systemd
+/// has collected it. A unit that is already gone is a success.
+pub(super) async fn stop_and_release(conn: &Connection, name: &str, unref_path: Option<&str>) -> zbus::Result<()> {
     let manager = bus::ManagerProxy::new(conn).await?;
     // Both streams before the calls whose signals they catch.
     let mut jobs = bus::job_removed_stream(conn).await?;
@@ -133,7 +149,7 @@ pub(super) async fn stop_and_release(conn: &Connection, name: &str, path: Option
             Err(e) => return Err(e),
         }
     }
-    if let Some(path) = path {
+    if let Some(path) = unref_path {
         match bus::unit_at(conn, path).await?.unref().await {
             Ok(()) => {}
             // Not referenced (any more), or gone: nothing to release.
