@@ -136,7 +136,9 @@ async fn properties_reach_systemd() -> TestResult {
     assert_eq!(prop("PrivateNetwork")?, "yes");
     assert_eq!(prop("RestrictAddressFamilies")?, "AF_UNIX");
     assert_eq!(prop("KillMode")?, "control-group");
-    assert_eq!(prop("CollectMode")?, "inactive-or-failed");
+    // Over the private socket: kept loaded by RemainAfterExit until stop() (AddRef needs a bus).
+    assert_eq!(prop("CollectMode")?, "inactive");
+    assert_eq!(prop("RemainAfterExit")?, "yes");
     assert_eq!(prop("MemoryMax")?, (256u64 << 20).to_string());
     assert_eq!(prop("TasksMax")?, "64");
     assert_eq!(prop("CPUQuotaPerSecUSec")?, "1.500000s");
@@ -202,46 +204,27 @@ async fn a_failed_start_is_reported_and_leaves_nothing() -> TestResult {
     Ok(())
 }
 
-/// Start a unit the way a wardend that then crashed would have: over its own connection,
-/// with `AddRef=yes`, and then the connection goes away.
-async fn start_orphan(container: &SystemdContainer, name: &str, argv: &[&str], collect: bool) -> TestResult {
-    use zbus::Variant;
-    let stream = container.connect_private()?;
-    let conn = zbus::connection::Builder::unix_stream(stream).p2p().build().await?;
-    let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
-    let mut props: Vec<(&str, Variant<'_>)> = vec![
-        ("ExecStart", Variant::from(vec![(argv[0].clone(), argv.clone(), false)])),
-        ("Slice", Variant::from("worph.slice")),
-        ("AddRef", Variant::from(true)),
-    ];
-    if collect {
-        props.push(("CollectMode", Variant::from("inactive-or-failed")));
-    }
-    let aux: Vec<(&str, Vec<(&str, Variant<'_>)>)> = vec![];
-    conn.call_method(
-        Some("org.freedesktop.systemd1"),
-        "/org/freedesktop/systemd1",
-        Some("org.freedesktop.systemd1.Manager"),
-        "StartTransientUnit",
-        &(name, "fail", props, aux),
-    )
-    .await?;
-    Ok(())
-}
-
 #[tokio::test]
 async fn cleanup_orphans_removes_units_a_dead_daemon_left() -> TestResult {
     if should_skip("cleanup_orphans_removes_units_a_dead_daemon_left") {
         return Ok(());
     }
     let container = SystemdContainer::boot()?;
-    let running = UnitName::random("worph")?.to_string();
-    let failed = UnitName::random("worph")?.to_string();
-    // Matches the pattern worph-*.service but is not the shape of our names: left alone.
+    // A daemon that dies leaves its units behind: start two and forget them (no stop, no
+    // Drop), then drop its manager.
+    let dead = SystemdManager::connect_stream("worph", container.connect_private()?).await?;
+    let running = dead.start(spec("worph", &["/bin/sleep", "1000"], [None, None, None])?).await?;
+    let failed = dead.start(spec("worph", &["/bin/false"], [None, None, None])?).await?;
+    let (running, failed) = (abandon(running), abandon(failed));
+    drop(dead);
+    // Matches the pattern worph-*.service but does not have the shape of our names: a unit
+    // someone else made, left alone.
     let foreign = "worph-foreign.service";
-    start_orphan(&container, &running, &["/bin/sleep", "1000"], true).await?;
-    start_orphan(&container, &failed, &["/bin/false"], false).await?;
-    start_orphan(&container, foreign, &["/bin/sleep", "1000"], true).await?;
+    let unit_file = format!("/run/systemd/system/{foreign}");
+    container.exec(&["mkdir", "-p", "/run/systemd/system"])?;
+    container.exec(&["sh", "-c", &format!("printf '[Service]\\nExecStart=/bin/sleep 1000\\n' > {unit_file}")])?;
+    container.systemctl(&["daemon-reload"])?;
+    container.systemctl(&["start", foreign])?;
     for _ in 0..100 {
         if container.unit_property(&failed, "ActiveState")? == "failed" {
             break;
@@ -264,6 +247,14 @@ async fn cleanup_orphans_removes_units_a_dead_daemon_left() -> TestResult {
     assert_eq!(manager.cleanup_orphans().await?, Vec::<String>::new());
     container.systemctl(&["stop", foreign])?;
     Ok(())
+}
+
+/// The name of `unit`, which is then forgotten: neither stopped nor dropped, as a daemon
+/// that died would leave it.
+fn abandon(unit: impl RunningUnit) -> String {
+    let name = unit.name().to_string();
+    std::mem::forget(unit);
+    name
 }
 
 #[tokio::test]
