@@ -37,7 +37,11 @@ fn cwd() -> PathBuf {
 }
 
 /// A spec running `argv` as nobody, in [`cwd`], with no network and the given stdio.
-fn spec(prefix: &str, argv: &[&str], stdio: [Option<OwnedFd>; 3]) -> Result<UnitSpec, Box<dyn Error>> {
+fn spec(
+    prefix: &str,
+    argv: &[&str],
+    stdio: [Option<OwnedFd>; 3],
+) -> Result<UnitSpec, Box<dyn Error>> {
     let exe = PathBuf::from(argv.first().ok_or("empty argv")?);
     Ok(UnitSpec {
         name: UnitName::random(prefix)?,
@@ -76,7 +80,11 @@ async fn exit_code_and_stdout_come_back() -> TestResult {
     }
     let (container, manager) = setup("wexit").await?;
     let (read, write) = rustix::pipe::pipe()?;
-    let spec = spec("wexit", &["/bin/sh", "-c", "echo out; exit 7"], [None, Some(write), None])?;
+    let spec = spec(
+        "wexit",
+        &["/bin/sh", "-c", "echo out; exit 7"],
+        [None, Some(write), None],
+    )?;
     let mut unit = manager.start(spec).await?;
     let report = tokio::time::timeout(Duration::from_secs(20), unit.wait()).await??;
     assert_eq!(report.reason, ExitReason::Exited, "{report:?}");
@@ -96,9 +104,15 @@ async fn sigkill_is_reported_as_signal_9() -> TestResult {
         return Ok(());
     }
     let (container, manager) = setup("wkill").await?;
-    let mut unit = manager.start(spec("wkill", &["/bin/sleep", "1000"], [None, None, None])?).await?;
+    let mut unit = manager
+        .start(spec("wkill", &["/bin/sleep", "1000"], [None, None, None])?)
+        .await?;
     // wait() is cancel-safe: a wait that times out leaves the unit waitable.
-    assert!(tokio::time::timeout(Duration::from_millis(200), unit.wait()).await.is_err());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), unit.wait())
+            .await
+            .is_err()
+    );
     unit.signal(libc::SIGKILL).await?;
     let report = tokio::time::timeout(Duration::from_secs(20), unit.wait()).await??;
     assert_eq!(report.reason, ExitReason::Signal, "{report:?}");
@@ -121,7 +135,10 @@ async fn properties_reach_systemd() -> TestResult {
         cpu_quota_percent: Some(150),
         timeout: Some(Duration::from_secs(600)),
     };
-    spec.fs.hidden = vec![PathBuf::from("/root/.ssh"), PathBuf::from("/nonexistent/hidden")];
+    spec.fs.hidden = vec![
+        PathBuf::from("/root/.ssh"),
+        PathBuf::from("/nonexistent/hidden"),
+    ];
     let mut unit = manager.start(spec).await?;
     let name = unit.name().to_string();
     let prop = |p: &str| container.unit_property(&name, p);
@@ -145,14 +162,27 @@ async fn properties_reach_systemd() -> TestResult {
     assert_eq!(prop("RuntimeMaxUSec")?, "10min");
     assert_eq!(prop("WorkingDirectory")?, cwd().display().to_string());
     assert!(prop("ReadWritePaths")?.contains(&cwd().display().to_string()));
-    assert!(prop("InaccessiblePaths")?.contains("-/root/.ssh"), "{}", prop("InaccessiblePaths")?);
+    assert!(
+        prop("InaccessiblePaths")?.contains("-/root/.ssh"),
+        "{}",
+        prop("InaccessiblePaths")?
+    );
 
     // The process itself runs as nobody, with no-new-privileges.
     let main_pid = prop("MainPID")?;
     let status = container.exec(&["cat", &format!("/proc/{main_pid}/status")])?;
     let status = String::from_utf8_lossy(&status.stdout);
-    let line = |key: &str| status.lines().find(|l| l.starts_with(key)).map(str::to_string).unwrap_or_default();
-    assert_eq!(line("Uid:").split_whitespace().skip(1).collect::<Vec<_>>(), ["65534"; 4]);
+    let line = |key: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .map(str::to_string)
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        line("Uid:").split_whitespace().skip(1).collect::<Vec<_>>(),
+        ["65534"; 4]
+    );
     assert_eq!(line("NoNewPrivs:").split_whitespace().nth(1), Some("1"));
 
     // main_pid_of: any PID of the unit (in systemd's PID namespace) gives its main PID.
@@ -172,7 +202,11 @@ async fn stop_removes_a_running_unit_and_is_idempotent() -> TestResult {
     }
     let (container, manager) = setup("wstop").await?;
     // Two processes: stop ends the whole control group, not only the main process.
-    let spec = spec("wstop", &["/bin/sh", "-c", "sleep 1000 & sleep 1000"], [None, None, None])?;
+    let spec = spec(
+        "wstop",
+        &["/bin/sh", "-c", "sleep 1000 & sleep 1000"],
+        [None, None, None],
+    )?;
     let mut unit = manager.start(spec).await?;
     let name = unit.name().to_string();
     assert_eq!(units_of(&container, "wstop")?, vec![name.clone()]);
@@ -180,7 +214,11 @@ async fn stop_removes_a_running_unit_and_is_idempotent() -> TestResult {
     assert_eq!(units_of(&container, "wstop")?, Vec::<String>::new());
     unit.stop().await?;
     let sleepers = container.exec(&["pgrep", "-x", "sleep"])?;
-    assert!(sleepers.stdout.is_empty(), "left running: {}", String::from_utf8_lossy(&sleepers.stdout));
+    assert!(
+        sleepers.stdout.is_empty(),
+        "left running: {}",
+        String::from_utf8_lossy(&sleepers.stdout)
+    );
     Ok(())
 }
 
@@ -213,8 +251,12 @@ async fn cleanup_orphans_removes_units_a_dead_daemon_left() -> TestResult {
     // A daemon that dies leaves its units behind: start two and forget them (no stop, no
     // Drop), then drop its manager.
     let dead = SystemdManager::connect_stream("worph", container.connect_private()?).await?;
-    let running = dead.start(spec("worph", &["/bin/sleep", "1000"], [None, None, None])?).await?;
-    let failed = dead.start(spec("worph", &["/bin/false"], [None, None, None])?).await?;
+    let running = dead
+        .start(spec("worph", &["/bin/sleep", "1000"], [None, None, None])?)
+        .await?;
+    let failed = dead
+        .start(spec("worph", &["/bin/false"], [None, None, None])?)
+        .await?;
     let (running, failed) = (abandon(running), abandon(failed));
     drop(dead);
     // Matches the pattern worph-*.service but does not have the shape of our names: a unit
@@ -222,7 +264,11 @@ async fn cleanup_orphans_removes_units_a_dead_daemon_left() -> TestResult {
     let foreign = "worph-foreign.service";
     let unit_file = format!("/run/systemd/system/{foreign}");
     container.exec(&["mkdir", "-p", "/run/systemd/system"])?;
-    container.exec(&["sh", "-c", &format!("printf '[Service]\\nExecStart=/bin/sleep 1000\\n' > {unit_file}")])?;
+    container.exec(&[
+        "sh",
+        "-c",
+        &format!("printf '[Service]\\nExecStart=/bin/sleep 1000\\n' > {unit_file}"),
+    ])?;
     container.systemctl(&["daemon-reload"])?;
     container.systemctl(&["start", foreign])?;
     for _ in 0..100 {
@@ -263,7 +309,9 @@ async fn dropped_unit_is_stopped_in_the_background() -> TestResult {
         return Ok(());
     }
     let (container, manager) = setup("wdrop").await?;
-    let unit = manager.start(spec("wdrop", &["/bin/sleep", "1000"], [None, None, None])?).await?;
+    let unit = manager
+        .start(spec("wdrop", &["/bin/sleep", "1000"], [None, None, None])?)
+        .await?;
     drop(unit);
     for _ in 0..250 {
         if units_of(&container, "wdrop")?.is_empty() {
@@ -281,7 +329,9 @@ async fn nothing_listening_is_unreachable() -> TestResult {
     let path = dir.path().join("private");
     drop(std::os::unix::net::UnixListener::bind(&path)?);
     match SystemdManager::connect_at("wnone", &path).await {
-        Err(UnitError::Unreachable(cause)) => assert!(cause.contains(&path.display().to_string()), "{cause}"),
+        Err(UnitError::Unreachable(cause)) => {
+            assert!(cause.contains(&path.display().to_string()), "{cause}")
+        }
         Err(e) => return Err(format!("wrong error: {e}").into()),
         Ok(_) => return Err("connected to nothing".into()),
     }

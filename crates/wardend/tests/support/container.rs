@@ -63,7 +63,9 @@ pub fn missing_requirement() -> Option<String> {
 /// when a requirement is missing (the reason is printed). Under `CI=true` it never skips:
 /// the test then fails at boot, naming what is missing.
 pub fn should_skip(test: &str) -> bool {
-    let Some(missing) = missing_requirement() else { return false };
+    let Some(missing) = missing_requirement() else {
+        return false;
+    };
     if std::env::var("CI").as_deref() == Ok("true") {
         return false;
     }
@@ -74,7 +76,9 @@ pub fn should_skip(test: &str) -> bool {
 /// The first `name` in `$PATH`.
 fn find_in_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|dir| dir.join(name)).find(|p| p.is_file())
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
 }
 
 /// A booted systemd in a throwaway container.
@@ -96,8 +100,11 @@ impl SystemdContainer {
             return Err(BootError(missing));
         }
         static COUNTER: AtomicU32 = AtomicU32::new(0);
-        let machine =
-            format!("warden-test-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
+        let machine = format!(
+            "warden-test-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
         let dir = tempfile::Builder::new()
             .prefix("warden-nspawn-")
             .tempdir()
@@ -108,7 +115,12 @@ impl SystemdContainer {
         let units = dir.join("units");
         let prepared = fs::create_dir(&root)
             .and_then(|()| fs::create_dir(&units))
-            .and_then(|()| fs::write(units.join(TARGET), "[Unit]\nDescription=warden test target\n"));
+            .and_then(|()| {
+                fs::write(
+                    units.join(TARGET),
+                    "[Unit]\nDescription=warden test target\n",
+                )
+            });
         if let Err(e) = prepared {
             remove_dirs(&dir);
             return Err(BootError(format!("preparing {}: {e}", dir.display())));
@@ -128,7 +140,12 @@ impl SystemdContainer {
             }
         };
         // From here on Drop cleans up; leader 0 means "not known yet".
-        let mut container = Self { nspawn, leader: 0, dir, machine };
+        let mut container = Self {
+            nspawn,
+            leader: 0,
+            dir,
+            machine,
+        };
         container.wait_for_boot()?;
         Ok(container)
     }
@@ -220,7 +237,10 @@ impl SystemdContainer {
         let deadline = Instant::now() + BOOT_TIMEOUT;
         loop {
             if let Ok(Some(status)) = self.nspawn.try_wait() {
-                return Err(BootError(format!("systemd-nspawn exited ({status}):\n{}", self.console())));
+                return Err(BootError(format!(
+                    "systemd-nspawn exited ({status}):\n{}",
+                    self.console()
+                )));
             }
             if self.leader == 0 {
                 self.leader = systemd_child(self.nspawn.id()).unwrap_or(0);
@@ -233,7 +253,10 @@ impl SystemdContainer {
                 }
             }
             if Instant::now() > deadline {
-                return Err(BootError(format!("not booted after {BOOT_TIMEOUT:?}:\n{}", self.console())));
+                return Err(BootError(format!(
+                    "not booted after {BOOT_TIMEOUT:?}:\n{}",
+                    self.console()
+                )));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -245,14 +268,23 @@ fn spawn_nspawn(root: &Path, units: &Path, machine: &str, log: fs::File) -> io::
     let script = r#"mount --bind / "$1" && exec systemd-nspawn -D "$1" -M "$2" --volatile=overlay \
         --register=no --keep-unit -q --bind-ro="$3":/etc/systemd/system -b -- --unit="$4""#;
     let mut cmd = Command::new("unshare");
-    cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c", script, "sh"])
-        .arg(root)
-        .arg(machine)
-        .arg(units)
-        .arg(TARGET)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
+    cmd.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        script,
+        "sh",
+    ])
+    .arg(root)
+    .arg(machine)
+    .arg(units)
+    .arg(TARGET)
+    .stdin(Stdio::null())
+    .stdout(log.try_clone()?)
+    .stderr(log);
     // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the
     // parent; it is all the closure does between fork and exec.
     unsafe {
@@ -273,7 +305,10 @@ fn sockaddr_un(path: &Path) -> io::Result<libc::sockaddr_un> {
     addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
     let bytes = path.as_os_str().as_encoded_bytes();
     if bytes.len() >= addr.sun_path.len() {
-        return Err(io::Error::other(format!("socket path too long: {}", path.display())));
+        return Err(io::Error::other(format!(
+            "socket path too long: {}",
+            path.display()
+        )));
     }
     for (dst, &src) in addr.sun_path.iter_mut().zip(bytes) {
         *dst = src as libc::c_char;
@@ -300,7 +335,11 @@ fn connect_from_pidns(pidns: &fs::File, fd: RawFd, addr: &libc::sockaddr_un) -> 
         // SAFETY: in the child: connect the inherited socket, exit with the errno.
         unsafe {
             let rc = libc::connect(fd, std::ptr::from_ref(addr).cast(), len);
-            libc::_exit(if rc == 0 { 0 } else { *libc::__errno_location() });
+            libc::_exit(if rc == 0 {
+                0
+            } else {
+                *libc::__errno_location()
+            });
         }
     }
     let mut status = 0;
@@ -311,7 +350,9 @@ fn connect_from_pidns(pidns: &fs::File, fd: RawFd, addr: &libc::sockaddr_un) -> 
     match (libc::WIFEXITED(status), libc::WEXITSTATUS(status)) {
         (true, 0) => Ok(()),
         (true, errno) => Err(io::Error::from_raw_os_error(errno)),
-        _ => Err(io::Error::other(format!("connect helper ended with status {status}"))),
+        _ => Err(io::Error::other(format!(
+            "connect helper ended with status {status}"
+        ))),
     }
 }
 
@@ -321,15 +362,22 @@ fn systemd_child(parent: u32) -> Option<u32> {
     tasks
         .flatten()
         .filter_map(|t| fs::read_to_string(t.path().join("children")).ok())
-        .flat_map(|c| c.split_whitespace().filter_map(|p| p.parse::<u32>().ok()).collect::<Vec<_>>())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok())
+                .collect::<Vec<_>>()
+        })
         .find(|pid| {
-            fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "systemd")
+            fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim() == "systemd")
         })
 }
 
 /// Send `signal` to `pid` (ours: nspawn or the systemd it started).
 fn kill(pid: u32, signal: i32) {
-    let Ok(pid) = libc::pid_t::try_from(pid) else { return };
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
     if pid > 0 {
         // SAFETY: kill(2) with a PID this harness started; no memory is involved.
         unsafe {

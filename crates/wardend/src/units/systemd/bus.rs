@@ -11,10 +11,10 @@ use std::future::poll_fn;
 use std::path::Path;
 use std::pin::Pin;
 
+use super::private;
 use zbus::export::futures_core::Stream;
 use zbus::message::Type as MessageType;
 use zbus::proxy::CacheProperties;
-use super::private;
 use zbus::{Connection, MatchRule, MessageStream, OwnedObjectPath, OwnedVariant, Variant};
 
 /// The manager object.
@@ -32,8 +32,18 @@ pub(super) const PRIVATE_SOCKET: &str = "/run/systemd/private";
 
 /// One entry of `ListUnitsByPatterns`: name, description, load state, active state, sub
 /// state, following, unit path, job id, job type, job path.
-pub(super) type UnitListEntry =
-    (String, String, String, String, String, String, OwnedObjectPath, u32, String, OwnedObjectPath);
+pub(super) type UnitListEntry = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    OwnedObjectPath,
+    u32,
+    String,
+    OwnedObjectPath,
+);
 
 /// The manager methods warden calls.
 #[zbus::proxy(
@@ -76,14 +86,20 @@ pub(super) trait Manager {
 }
 
 /// The unit-object methods warden calls.
-#[zbus::proxy(interface = "org.freedesktop.systemd1.Unit", default_service = "org.freedesktop.systemd1")]
+#[zbus::proxy(
+    interface = "org.freedesktop.systemd1.Unit",
+    default_service = "org.freedesktop.systemd1"
+)]
 pub(super) trait Unit {
     /// Drop the reference `AddRef=yes` took for this client.
     fn unref(&self) -> zbus::Result<()>;
 }
 
 /// `org.freedesktop.DBus.Properties`, uncached: every read goes to systemd.
-#[zbus::proxy(interface = "org.freedesktop.DBus.Properties", default_service = "org.freedesktop.systemd1")]
+#[zbus::proxy(
+    interface = "org.freedesktop.DBus.Properties",
+    default_service = "org.freedesktop.systemd1"
+)]
 pub(super) trait Properties {
     /// One property.
     fn get(&self, interface: &str, name: &str) -> zbus::Result<OwnedVariant>;
@@ -95,9 +111,13 @@ pub(super) trait Properties {
 /// Connect to systemd at `socket`: the system bus socket (a bus connection, with `Hello`) or
 /// systemd's private socket (peer-to-peer).
 pub(super) async fn connect(socket: &Path) -> zbus::Result<Connection> {
-    let stream = tokio::net::UnixStream::connect(socket).await.map_err(zbus::Error::from)?;
+    let stream = tokio::net::UnixStream::connect(socket)
+        .await
+        .map_err(zbus::Error::from)?;
     if socket == Path::new(SYSTEM_BUS_SOCKET) {
-        let conn = zbus::connection::Builder::unix_stream(stream.into_std()?).build().await?;
+        let conn = zbus::connection::Builder::unix_stream(stream.into_std()?)
+            .build()
+            .await?;
         ManagerProxy::new(&conn).await?.subscribe().await?;
         Ok(conn)
     } else {
@@ -111,19 +131,33 @@ pub(super) async fn connect(socket: &Path) -> zbus::Result<Connection> {
 pub(super) async fn connect_private(stream: tokio::net::UnixStream) -> zbus::Result<Connection> {
     let guid = private::authenticate(&stream).await?;
     let socket = private::PrivateSocket(std::sync::Arc::new(stream));
-    let conn = zbus::connection::Builder::authenticated_socket(socket, guid.as_str()).p2p().build().await?;
+    let conn = zbus::connection::Builder::authenticated_socket(socket, guid.as_str())
+        .p2p()
+        .build()
+        .await?;
     ManagerProxy::new(&conn).await?.subscribe().await?;
     Ok(conn)
 }
 
 /// A proxy of `path`'s properties that never caches.
-pub(super) async fn properties_of<'p>(conn: &Connection, path: &'p str) -> zbus::Result<PropertiesProxy<'p>> {
-    PropertiesProxy::builder(conn).path(path).cache_properties(CacheProperties::No).build().await
+pub(super) async fn properties_of<'p>(
+    conn: &Connection,
+    path: &'p str,
+) -> zbus::Result<PropertiesProxy<'p>> {
+    PropertiesProxy::builder(conn)
+        .path(path)
+        .cache_properties(CacheProperties::No)
+        .build()
+        .await
 }
 
 /// A proxy of the unit object at `path`.
 pub(super) async fn unit_at<'p>(conn: &Connection, path: &'p str) -> zbus::Result<UnitProxy<'p>> {
-    UnitProxy::builder(conn).path(path).cache_properties(CacheProperties::No).build().await
+    UnitProxy::builder(conn)
+        .path(path)
+        .cache_properties(CacheProperties::No)
+        .build()
+        .await
 }
 
 /// The `JobRemoved` signals of the manager. Create it before the call that makes the job.
@@ -149,7 +183,10 @@ pub(super) async fn unit_removed_stream(conn: &Connection) -> zbus::Result<Messa
 }
 
 /// The `PropertiesChanged` signals of the unit object at `path`.
-pub(super) async fn properties_changed_stream(conn: &Connection, path: &str) -> zbus::Result<MessageStream> {
+pub(super) async fn properties_changed_stream(
+    conn: &Connection,
+    path: &str,
+) -> zbus::Result<MessageStream> {
     let rule = MatchRule::builder()
         .msg_type(MessageType::Signal)
         .path(path)
@@ -160,14 +197,17 @@ pub(super) async fn properties_changed_stream(conn: &Connection, path: &str) -> 
 }
 
 /// The next message of `stream`; `None` when the connection closed.
-pub(super) async fn next_message(stream: &mut MessageStream) -> Option<zbus::Result<zbus::Message>> {
+pub(super) async fn next_message(
+    stream: &mut MessageStream,
+) -> Option<zbus::Result<zbus::Message>> {
     poll_fn(|cx| Pin::new(&mut *stream).poll_next(cx)).await
 }
 
 /// Wait on `stream` for the `JobRemoved` of `job`; return its result ("done", "failed", ...).
 pub(super) async fn job_result(stream: &mut MessageStream, job: &str) -> zbus::Result<String> {
     while let Some(msg) = next_message(stream).await {
-        let (_id, path, _unit, result): (u32, OwnedObjectPath, String, String) = msg?.body().deserialize()?;
+        let (_id, path, _unit, result): (u32, OwnedObjectPath, String, String) =
+            msg?.body().deserialize()?;
         if path.as_str() == job {
             return Ok(result);
         }
@@ -177,7 +217,13 @@ pub(super) async fn job_result(stream: &mut MessageStream, job: &str) -> zbus::R
 
 /// The error for a connection that closed under us.
 pub(super) fn closed() -> zbus::Error {
-    zbus::Error::InputOutput(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "connection to systemd closed").into())
+    zbus::Error::InputOutput(
+        std::io::Error::new(
+            std::io::ErrorKind::BrokenPipe,
+            "connection to systemd closed",
+        )
+        .into(),
+    )
 }
 
 /// Whether `err` is systemd's `NoSuchUnit` (or an unknown object: the unit is gone).

@@ -56,10 +56,17 @@ impl SystemdManager {
     /// private socket (peer-to-peer; e.g. `/proc/<pid>/root/run/systemd/private` of a
     /// container's systemd).
     pub async fn connect_at(prefix: &str, socket: &Path) -> Result<Self, UnitError> {
-        let conn = bus::connect(socket)
-            .await
-            .map_err(|e| UnitError::Unreachable(format!("connecting to systemd at {}: {e}", socket.display())))?;
-        let retention = if conn.is_bus() { Retention::AddRef } else { Retention::RemainAfterExit };
+        let conn = bus::connect(socket).await.map_err(|e| {
+            UnitError::Unreachable(format!(
+                "connecting to systemd at {}: {e}",
+                socket.display()
+            ))
+        })?;
+        let retention = if conn.is_bus() {
+            Retention::AddRef
+        } else {
+            Retention::RemainAfterExit
+        };
         Ok(Self::new(conn, prefix, retention))
     }
 
@@ -67,19 +74,29 @@ impl SystemdManager {
     /// accepts a private connection only from a root process in its own PID namespace, so a
     /// caller outside it (a test on the host of a container) connects from a helper inside
     /// and passes the stream.
-    pub async fn connect_stream(prefix: &str, stream: std::os::unix::net::UnixStream) -> Result<Self, UnitError> {
+    pub async fn connect_stream(
+        prefix: &str,
+        stream: std::os::unix::net::UnixStream,
+    ) -> Result<Self, UnitError> {
         stream
             .set_nonblocking(true)
             .map_err(|e| UnitError::Unreachable(format!("setting up the passed socket: {e}")))?;
         let conn = async { bus::connect_private(tokio::net::UnixStream::from_std(stream)?).await }
             .await
-            .map_err(|e| UnitError::Unreachable(format!("connecting to systemd over a passed socket: {e}")))?;
+            .map_err(|e| {
+                UnitError::Unreachable(format!("connecting to systemd over a passed socket: {e}"))
+            })?;
         Ok(Self::new(conn, prefix, Retention::RemainAfterExit))
     }
 
     /// A manager over `conn`.
     fn new(conn: Connection, prefix: &str, retention: Retention) -> Self {
-        Self { conn, prefix: prefix.to_string(), slice: name::slice_of(prefix), retention }
+        Self {
+            conn,
+            prefix: prefix.to_string(),
+            slice: name::slice_of(prefix),
+            retention,
+        }
     }
 
     /// The unit path to `Unref()` on release: only units this connection holds a reference to.
@@ -89,7 +106,10 @@ impl SystemdManager {
 
     /// A `Start` error for `unit`.
     fn start_error(unit: &str, cause: impl std::fmt::Display) -> UnitError {
-        UnitError::Start { unit: unit.to_string(), cause: cause.to_string() }
+        UnitError::Start {
+            unit: unit.to_string(),
+            cause: cause.to_string(),
+        }
     }
 
     /// Why a unit whose start job did not succeed failed, as systemd's `Result` says.
@@ -109,10 +129,15 @@ impl UnitManager for SystemdManager {
     async fn start(&self, spec: UnitSpec) -> Result<SystemdUnit, UnitError> {
         let name = spec.name.clone();
         let unit = name.as_str();
-        let props = properties::transient_properties(&spec, &self.slice, self.retention).map_err(|e| Self::start_error(unit, e))?;
-        let manager = bus::ManagerProxy::new(&self.conn).await.map_err(|e| Self::start_error(unit, e))?;
+        let props = properties::transient_properties(&spec, &self.slice, self.retention)
+            .map_err(|e| Self::start_error(unit, e))?;
+        let manager = bus::ManagerProxy::new(&self.conn)
+            .await
+            .map_err(|e| Self::start_error(unit, e))?;
         // Subscribe to JobRemoved before the job exists: it may end before the call returns.
-        let mut jobs = bus::job_removed_stream(&self.conn).await.map_err(|e| Self::start_error(unit, e))?;
+        let mut jobs = bus::job_removed_stream(&self.conn)
+            .await
+            .map_err(|e| Self::start_error(unit, e))?;
         let job = manager
             .start_transient_unit(unit, "fail", &props, &[])
             .await
@@ -122,34 +147,55 @@ impl UnitManager for SystemdManager {
         drop(props);
         drop(spec);
         let path = bus::unit_path(unit);
-        let result = bus::job_result(&mut jobs, job.as_str()).await.map_err(|e| Self::start_error(unit, e))?;
+        let result = bus::job_result(&mut jobs, job.as_str())
+            .await
+            .map_err(|e| Self::start_error(unit, e))?;
         if result != "done" {
-            let unit_result = self.unit_result(&path).await.unwrap_or_else(|| "unknown".into());
+            let unit_result = self
+                .unit_result(&path)
+                .await
+                .unwrap_or_else(|| "unknown".into());
             // Do not leave the failed unit behind.
             if let Err(e) = unit::stop_and_release(&self.conn, unit, self.unref_path(&path)).await {
                 tracing::warn!(unit, error = %e, "releasing a unit that failed to start");
             }
-            return Err(Self::start_error(unit, format!("start job {result} (unit result: {unit_result})")));
+            return Err(Self::start_error(
+                unit,
+                format!("start job {result} (unit result: {unit_result})"),
+            ));
         }
-        Ok(SystemdUnit { name, path, conn: self.conn.clone(), retention: self.retention, released: false })
+        Ok(SystemdUnit {
+            name,
+            path,
+            conn: self.conn.clone(),
+            retention: self.retention,
+            released: false,
+        })
     }
 
     async fn cleanup_orphans(&self) -> Result<Vec<String>, UnitError> {
         let unreachable = |e: zbus::Error| UnitError::Unreachable(e.to_string());
-        let manager = bus::ManagerProxy::new(&self.conn).await.map_err(unreachable)?;
+        let manager = bus::ManagerProxy::new(&self.conn)
+            .await
+            .map_err(unreachable)?;
         let pattern = format!("{}-*.service", self.prefix);
-        let units = manager.list_units_by_patterns(&[], &[pattern.as_str()]).await.map_err(unreachable)?;
+        let units = manager
+            .list_units_by_patterns(&[], &[pattern.as_str()])
+            .await
+            .map_err(unreachable)?;
         let mut cleaned = Vec::new();
         for (unit, ..) in units {
             if !name::is_unit_of(&self.prefix, &unit) {
                 continue;
             }
             // Not ours to release (the connection that took the reference is gone).
-            unit::stop_and_release(&self.conn, &unit, None).await.map_err(|e| UnitError::Control {
-                op: "clean up",
-                unit: unit.clone(),
-                cause: e.to_string(),
-            })?;
+            unit::stop_and_release(&self.conn, &unit, None)
+                .await
+                .map_err(|e| UnitError::Control {
+                    op: "clean up",
+                    unit: unit.clone(),
+                    cause: e.to_string(),
+                })?;
             cleaned.push(unit);
         }
         Ok(cleaned)

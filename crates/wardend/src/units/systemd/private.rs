@@ -53,8 +53,17 @@ const MAX_SASL_LINE: usize = 512;
 /// the same read: it then leaves the message in its buffer and does not answer it until more
 /// bytes arrive (seen with systemd 252: a `Subscribe()` that never returned).
 pub(super) async fn authenticate(stream: &UnixStream) -> io::Result<String> {
-    let uid: String = rustix::process::geteuid().as_raw().to_string().bytes().map(|b| format!("{b:02x}")).collect();
-    write_all(stream, format!("\0AUTH EXTERNAL {uid}\r\nNEGOTIATE_UNIX_FD\r\nBEGIN\r\n").as_bytes()).await?;
+    let uid: String = rustix::process::geteuid()
+        .as_raw()
+        .to_string()
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    write_all(
+        stream,
+        format!("\0AUTH EXTERNAL {uid}\r\nNEGOTIATE_UNIX_FD\r\nBEGIN\r\n").as_bytes(),
+    )
+    .await?;
     let ok = read_line(stream).await?;
     let guid = ok
         .strip_prefix("OK ")
@@ -62,7 +71,9 @@ pub(super) async fn authenticate(stream: &UnixStream) -> io::Result<String> {
         .to_string();
     let agreed = read_line(stream).await?;
     if agreed != "AGREE_UNIX_FD" {
-        return Err(io::Error::other(format!("systemd refused file descriptor passing: {agreed:?}")));
+        return Err(io::Error::other(format!(
+            "systemd refused file descriptor passing: {agreed:?}"
+        )));
     }
     Ok(guid)
 }
@@ -112,7 +123,15 @@ impl Socket for PrivateSocket {
     type WriteHalf = Writer;
 
     fn split(self) -> Split<Reader, Writer> {
-        Split::new(Reader { stream: self.0.clone(), pending: Vec::new(), ready: 0, fds: Vec::new() }, Writer(self.0))
+        Split::new(
+            Reader {
+                stream: self.0.clone(),
+                pending: Vec::new(),
+                ready: 0,
+                fds: Vec::new(),
+            },
+            Writer(self.0),
+        )
     }
 }
 
@@ -138,8 +157,13 @@ impl Reader {
             .async_io(Interest::READABLE, || {
                 let mut control = RecvAncillaryBuffer::new(&mut space);
                 let mut iov = [io::IoSliceMut::new(&mut data)];
-                let got = rustix::net::recvmsg(&**stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)
-                    .map_err(io::Error::from)?;
+                let got = rustix::net::recvmsg(
+                    &**stream,
+                    &mut iov,
+                    &mut control,
+                    RecvFlags::CMSG_CLOEXEC,
+                )
+                .map_err(io::Error::from)?;
                 // Own the descriptors first, so that they are closed whatever happens next.
                 let mut fds = Vec::new();
                 for msg in control.drain() {
@@ -174,7 +198,10 @@ impl ReadHalf for Reader {
                 if self.pending.is_empty() {
                     return Ok((0, Vec::new()));
                 }
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "systemd closed the connection mid-message"));
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "systemd closed the connection mid-message",
+                ));
             }
         }
         let n = buf.len().min(self.ready);
@@ -197,7 +224,10 @@ pub(super) struct Writer(Arc<UnixStream>);
 impl WriteHalf for Writer {
     async fn sendmsg(&mut self, buffer: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<usize> {
         if fds.len() > MAX_FDS {
-            return Err(io::Error::other(format!("{} file descriptors in one message", fds.len())));
+            return Err(io::Error::other(format!(
+                "{} file descriptors in one message",
+                fds.len()
+            )));
         }
         let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
         let stream = &self.0;
@@ -208,7 +238,8 @@ impl WriteHalf for Writer {
                     return Err(io::Error::other("control buffer too small"));
                 }
                 let iov = [io::IoSlice::new(buffer)];
-                rustix::net::sendmsg(&**stream, &iov, &mut control, SendFlags::NOSIGNAL).map_err(io::Error::from)
+                rustix::net::sendmsg(&**stream, &iov, &mut control, SendFlags::NOSIGNAL)
+                    .map_err(io::Error::from)
             })
             .await
     }
@@ -225,7 +256,11 @@ impl WriteHalf for Writer {
 /// Read a `u32` at `at` in the message's byte order.
 fn u32_at(msg: &[u8], at: usize, little: bool) -> Option<u32> {
     let bytes: [u8; 4] = msg.get(at..at + 4)?.try_into().ok()?;
-    Some(if little { u32::from_le_bytes(bytes) } else { u32::from_be_bytes(bytes) })
+    Some(if little {
+        u32::from_le_bytes(bytes)
+    } else {
+        u32::from_be_bytes(bytes)
+    })
 }
 
 /// Round `n` up to a multiple of `to`.
@@ -241,13 +276,19 @@ fn message_len(bytes: &[u8]) -> io::Result<Option<usize>> {
     let little = match bytes[0] {
         b'l' => true,
         b'B' => false,
-        other => return Err(io::Error::other(format!("bad endianness byte {other:#x} from systemd"))),
+        other => {
+            return Err(io::Error::other(format!(
+                "bad endianness byte {other:#x} from systemd"
+            )))
+        }
     };
     let body = u32_at(bytes, 4, little).unwrap_or(0) as usize;
     let fields = u32_at(bytes, 12, little).unwrap_or(0) as usize;
     let len = align(FIXED_HEADER + fields, 8) + body;
     if len > MAX_MESSAGE {
-        return Err(io::Error::other(format!("message of {len} bytes from systemd")));
+        return Err(io::Error::other(format!(
+            "message of {len} bytes from systemd"
+        )));
     }
     Ok(Some(len))
 }
@@ -256,22 +297,32 @@ fn message_len(bytes: &[u8]) -> io::Result<Option<usize>> {
 /// the header fields; stops (leaving the message as it is, for zbus to judge) at anything it
 /// does not expect.
 pub(super) fn patch_sender(msg: &mut [u8]) {
-    let Some(little) = msg.first().map(|&b| b == b'l') else { return };
-    let Some(fields_len) = u32_at(msg, 12, little) else { return };
+    let Some(little) = msg.first().map(|&b| b == b'l') else {
+        return;
+    };
+    let Some(fields_len) = u32_at(msg, 12, little) else {
+        return;
+    };
     let end = FIXED_HEADER + fields_len as usize;
     let mut at = FIXED_HEADER;
     while at < end {
         at = align(at, 8);
         // code, signature length (1), type, NUL
-        let (Some(&code), Some(&1), Some(&ty), Some(&0)) = (msg.get(at), msg.get(at + 1), msg.get(at + 2), msg.get(at + 3))
-        else {
+        let (Some(&code), Some(&1), Some(&ty), Some(&0)) = (
+            msg.get(at),
+            msg.get(at + 1),
+            msg.get(at + 2),
+            msg.get(at + 3),
+        ) else {
             return;
         };
         at += 4;
         match ty {
             b's' | b'o' => {
                 at = align(at, 4);
-                let Some(len) = u32_at(msg, at, little) else { return };
+                let Some(len) = u32_at(msg, at, little) else {
+                    return;
+                };
                 let start = at + 4;
                 let stop = start + len as usize;
                 if code == FIELD_SENDER && msg.get(start..stop) == Some(SYSTEMD_SENDER) {
@@ -299,11 +350,18 @@ mod tests {
     fn the_systemd_sender_becomes_a_unique_name() -> Result<(), Box<dyn std::error::Error>> {
         // Build a message whose sender is a 24-byte unique name, then write systemd's
         // well-known name over it: that is what systemd's messages look like.
-        let msg = Message::signal("/org/freedesktop/systemd1", "org.freedesktop.systemd1.Manager", "UnitRemoved")
-            .sender(std::str::from_utf8(PATCHED_SENDER)?)
-            .build(&("warden-0123456789abcdef.service",))?;
+        let msg = Message::signal(
+            "/org/freedesktop/systemd1",
+            "org.freedesktop.systemd1.Manager",
+            "UnitRemoved",
+        )
+        .sender(std::str::from_utf8(PATCHED_SENDER)?)
+        .build(&("warden-0123456789abcdef.service",))?;
         let mut bytes = msg.data().to_vec();
-        let at = bytes.windows(PATCHED_SENDER.len()).position(|w| w == PATCHED_SENDER).ok_or("no sender")?;
+        let at = bytes
+            .windows(PATCHED_SENDER.len())
+            .position(|w| w == PATCHED_SENDER)
+            .ok_or("no sender")?;
         bytes[at..at + SYSTEMD_SENDER.len()].copy_from_slice(SYSTEMD_SENDER);
         assert_eq!(message_len(&bytes)?, Some(bytes.len()));
 
@@ -314,7 +372,9 @@ mod tests {
 
     #[test]
     fn other_senders_are_left_alone() -> Result<(), Box<dyn std::error::Error>> {
-        let msg = Message::signal("/a", "a.b", "C").sender(":1.5").build(&(1u32,))?;
+        let msg = Message::signal("/a", "a.b", "C")
+            .sender(":1.5")
+            .build(&(1u32,))?;
         let mut bytes = msg.data().to_vec();
         patch_sender(&mut bytes);
         assert_eq!(bytes, msg.data().to_vec());

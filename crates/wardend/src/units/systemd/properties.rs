@@ -29,7 +29,8 @@ pub(super) enum Retention {
 
 /// A path that systemd can take (D-Bus strings are UTF-8).
 fn utf8<'p>(what: &str, path: &'p Path) -> Result<&'p str, String> {
-    path.to_str().ok_or_else(|| format!("{what} {} is not UTF-8", path.display()))
+    path.to_str()
+        .ok_or_else(|| format!("{what} {} is not UTF-8", path.display()))
 }
 
 /// Map `spec` to the properties of its transient service in `slice`. The stdio descriptors
@@ -43,24 +44,47 @@ pub(super) fn transient_properties<'a>(
     let cwd = utf8("working directory", &spec.cwd_path)?;
 
     let mut props: Vec<Property<'a>> = vec![
-        ("Description", Variant::from(format!("warden unit for uid {}", spec.uid))),
+        (
+            "Description",
+            Variant::from(format!("warden unit for uid {}", spec.uid)),
+        ),
         ("Slice", Variant::from(slice.to_string())),
         // Type=exec: the start job fails when the command cannot be executed.
         ("Type", Variant::from("exec")),
-        ("ExecStart", Variant::from(vec![(exe.to_string(), spec.argv.clone(), false)])),
+        (
+            "ExecStart",
+            Variant::from(vec![(exe.to_string(), spec.argv.clone(), false)]),
+        ),
         // systemd 252 takes a path only; the server re-checked its device and inode.
         ("WorkingDirectory", Variant::from(cwd.to_string())),
         ("User", Variant::from(spec.uid.to_string())),
         ("Group", Variant::from(spec.gid.to_string())),
-        ("SupplementaryGroups", Variant::from(spec.groups.iter().map(u32::to_string).collect::<Vec<_>>())),
-        ("Environment", Variant::from(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>())),
+        (
+            "SupplementaryGroups",
+            Variant::from(spec.groups.iter().map(u32::to_string).collect::<Vec<_>>()),
+        ),
+        (
+            "Environment",
+            Variant::from(
+                spec.env
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>(),
+            ),
+        ),
         ("KillMode", Variant::from("control-group")),
         ("NoNewPrivileges", Variant::from(true)),
         ("PrivateTmp", Variant::from(true)),
         ("ProtectSystem", Variant::from("strict")),
         ("ProtectHome", Variant::from("read-only")),
-        ("ReadWritePaths", Variant::from(writable_paths(cwd, &spec.fs.writable)?)),
-        ("InaccessiblePaths", Variant::from(optional_paths("hidden path", &spec.fs.hidden)?)),
+        (
+            "ReadWritePaths",
+            Variant::from(writable_paths(cwd, &spec.fs.writable)?),
+        ),
+        (
+            "InaccessiblePaths",
+            Variant::from(optional_paths("hidden path", &spec.fs.hidden)?),
+        ),
     ];
     props.extend(retention_properties(retention));
     props.extend(stdio_properties(&spec.stdio));
@@ -73,10 +97,16 @@ pub(super) fn transient_properties<'a>(
 fn retention_properties(retention: Retention) -> Vec<Property<'static>> {
     match retention {
         Retention::AddRef => {
-            vec![("CollectMode", Variant::from("inactive-or-failed")), ("AddRef", Variant::from(true))]
+            vec![
+                ("CollectMode", Variant::from("inactive-or-failed")),
+                ("AddRef", Variant::from(true)),
+            ]
         }
         Retention::RemainAfterExit => {
-            vec![("CollectMode", Variant::from("inactive")), ("RemainAfterExit", Variant::from(true))]
+            vec![
+                ("CollectMode", Variant::from("inactive")),
+                ("RemainAfterExit", Variant::from(true)),
+            ]
         }
     }
 }
@@ -90,7 +120,10 @@ fn writable_paths(cwd: &str, extra: &[std::path::PathBuf]) -> Result<Vec<String>
 
 /// Paths prefixed with `-` so that a missing one (say `~/.aws`) does not fail the unit.
 fn optional_paths(what: &str, paths: &[std::path::PathBuf]) -> Result<Vec<String>, String> {
-    paths.iter().map(|p| utf8(what, p).map(|p| format!("-{p}"))).collect()
+    paths
+        .iter()
+        .map(|p| utf8(what, p).map(|p| format!("-{p}")))
+        .collect()
 }
 
 /// Standard input, output and error: the passed descriptor, or `null`.
@@ -122,7 +155,10 @@ fn limit_properties(spec: &UnitSpec) -> Vec<Property<'static>> {
     }
     if let Some(percent) = limits.cpu_quota_percent {
         // 100 % of one CPU is one second of CPU time per second.
-        props.push(("CPUQuotaPerSecUSec", Variant::from(u64::from(percent) * 10_000)));
+        props.push((
+            "CPUQuotaPerSecUSec",
+            Variant::from(u64::from(percent) * 10_000),
+        ));
     }
     if let Some(timeout) = limits.timeout {
         let usec = u64::try_from(timeout.as_micros()).unwrap_or(u64::MAX);
@@ -138,7 +174,10 @@ fn network_properties(network: Network) -> Vec<Property<'static>> {
         Network::None => vec![
             ("PrivateNetwork", Variant::from(true)),
             // (allow-list?, families): only AF_UNIX is allowed.
-            ("RestrictAddressFamilies", Variant::from((true, vec!["AF_UNIX".to_string()]))),
+            (
+                "RestrictAddressFamilies",
+                Variant::from((true, vec!["AF_UNIX".to_string()])),
+            ),
         ],
         Network::Loopback => vec![("PrivateNetwork", Variant::from(true))],
         Network::Host => vec![],

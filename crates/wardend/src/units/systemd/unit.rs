@@ -38,7 +38,11 @@ pub struct SystemdUnit {
 impl SystemdUnit {
     /// A `Control` error for `op` on this unit.
     fn control(&self, op: &'static str, cause: impl std::fmt::Display) -> UnitError {
-        UnitError::Control { op, unit: self.name.to_string(), cause: cause.to_string() }
+        UnitError::Control {
+            op,
+            unit: self.name.to_string(),
+            cause: cause.to_string(),
+        }
     }
 
     /// Whether the unit's main process has ended: the unit is inactive or failed or, when it
@@ -69,10 +73,15 @@ impl RunningUnit for SystemdUnit {
     /// Cancel-safe: all state lives in this call (a fresh signal stream, then a re-read).
     async fn wait(&mut self) -> Result<ExitReport, UnitError> {
         // Subscribe before reading the state, so that no change falls between the two.
-        let mut changes =
-            bus::properties_changed_stream(&self.conn, &self.path).await.map_err(|e| self.control("wait", e))?;
+        let mut changes = bus::properties_changed_stream(&self.conn, &self.path)
+            .await
+            .map_err(|e| self.control("wait", e))?;
         loop {
-            if self.has_ended().await.map_err(|e| self.control("wait", e))? {
+            if self
+                .has_ended()
+                .await
+                .map_err(|e| self.control("wait", e))?
+            {
                 break;
             }
             // Any change of the unit's properties: read the state again.
@@ -82,21 +91,33 @@ impl RunningUnit for SystemdUnit {
                 None => return Err(self.control("wait", bus::closed())),
             }
         }
-        let props = bus::properties_of(&self.conn, &self.path).await.map_err(|e| self.control("wait", e))?;
-        let service = props.get_all(SERVICE_IFACE).await.map_err(|e| self.control("wait", e))?;
+        let props = bus::properties_of(&self.conn, &self.path)
+            .await
+            .map_err(|e| self.control("wait", e))?;
+        let service = props
+            .get_all(SERVICE_IFACE)
+            .await
+            .map_err(|e| self.control("wait", e))?;
         Ok(exit_report(&service))
     }
 
     async fn signal(&self, signal: i32) -> Result<(), UnitError> {
-        let manager = bus::ManagerProxy::new(&self.conn).await.map_err(|e| self.control("signal", e))?;
-        manager.kill_unit(self.name.as_str(), "main", signal).await.map_err(|e| self.control("signal", e))
+        let manager = bus::ManagerProxy::new(&self.conn)
+            .await
+            .map_err(|e| self.control("signal", e))?;
+        manager
+            .kill_unit(self.name.as_str(), "main", signal)
+            .await
+            .map_err(|e| self.control("signal", e))
     }
 
     async fn stop(&mut self) -> Result<(), UnitError> {
         if self.released {
             return Ok(());
         }
-        stop_and_release(&self.conn, self.name.as_str(), self.unref_path()).await.map_err(|e| self.control("stop", e))?;
+        stop_and_release(&self.conn, self.name.as_str(), self.unref_path())
+            .await
+            .map_err(|e| self.control("stop", e))?;
         self.released = true;
         Ok(())
     }
@@ -130,7 +151,11 @@ pub(super) fn is_ended(state: &str) -> bool {
 /// inactive, release this connection's reference (when `unref_path` is given: the unit was
 /// started with `AddRef=yes` on this connection), forget a failure, and wait until systemd
 /// has collected it. A unit that is already gone is a success.
-pub(super) async fn stop_and_release(conn: &Connection, name: &str, unref_path: Option<&str>) -> zbus::Result<()> {
+pub(super) async fn stop_and_release(
+    conn: &Connection,
+    name: &str,
+    unref_path: Option<&str>,
+) -> zbus::Result<()> {
     let manager = bus::ManagerProxy::new(conn).await?;
     // Both streams before the calls whose signals they catch.
     let mut jobs = bus::job_removed_stream(conn).await?;
@@ -168,7 +193,10 @@ pub(super) async fn stop_and_release(conn: &Connection, name: &str, unref_path: 
 
 /// The ActiveState of `name` if it is loaded (listing does not load it, unlike a property
 /// read on its object path).
-pub(super) async fn loaded_state(manager: &bus::ManagerProxy<'_>, name: &str) -> zbus::Result<Option<String>> {
+pub(super) async fn loaded_state(
+    manager: &bus::ManagerProxy<'_>,
+    name: &str,
+) -> zbus::Result<Option<String>> {
     let units = manager.list_units_by_patterns(&[], &[name]).await?;
     Ok(units.into_iter().find(|u| u.0 == name).map(|u| u.3))
 }
@@ -186,7 +214,9 @@ async fn wait_gone(
             return Ok(());
         }
         if tokio::time::Instant::now() >= deadline {
-            return Err(zbus::Error::Failure(format!("still loaded {GONE_TIMEOUT:?} after stop")));
+            return Err(zbus::Error::Failure(format!(
+                "still loaded {GONE_TIMEOUT:?} after stop"
+            )));
         }
         // A timeout here only means: list again.
         let _ = tokio::time::timeout(Duration::from_millis(100), bus::next_message(removed)).await;
@@ -198,7 +228,10 @@ async fn wait_gone(
 pub(super) fn exit_report(service: &HashMap<String, OwnedVariant>) -> ExitReport {
     let int = |key: &str| service.get(key).and_then(|v| i32::try_from(v).ok());
     let uint = |key: &str| service.get(key).and_then(|v| u64::try_from(v).ok());
-    let result = service.get("Result").and_then(|v| <&str>::try_from(v).ok()).unwrap_or("");
+    let result = service
+        .get("Result")
+        .and_then(|v| <&str>::try_from(v).ok())
+        .unwrap_or("");
 
     let (code, signal) = match (int("ExecMainCode"), int("ExecMainStatus")) {
         (Some(CLD_EXITED), status) => (status, None),
@@ -213,7 +246,10 @@ pub(super) fn exit_report(service: &HashMap<String, OwnedVariant>) -> ExitReport
     };
     // systemd reports "not known" as u64::MAX.
     let known = |v: Option<u64>| v.filter(|&v| v != u64::MAX);
-    let wall_usec = match (uint("ExecMainStartTimestampMonotonic"), uint("ExecMainExitTimestampMonotonic")) {
+    let wall_usec = match (
+        uint("ExecMainStartTimestampMonotonic"),
+        uint("ExecMainExitTimestampMonotonic"),
+    ) {
         (Some(start), Some(exit)) => exit.saturating_sub(start),
         _ => 0,
     };
@@ -232,7 +268,10 @@ mod tests {
     use super::*;
 
     fn props(pairs: &[(&str, OwnedVariant)]) -> HashMap<String, OwnedVariant> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect()
     }
 
     #[test]
@@ -242,8 +281,14 @@ mod tests {
             ("ExecMainStatus", OwnedVariant::from(7i32)),
             ("Result", OwnedVariant::from(zbus::Str::from("exit-code"))),
             ("CPUUsageNSec", OwnedVariant::from(2_500_000u64)),
-            ("ExecMainStartTimestampMonotonic", OwnedVariant::from(1_000u64)),
-            ("ExecMainExitTimestampMonotonic", OwnedVariant::from(4_000u64)),
+            (
+                "ExecMainStartTimestampMonotonic",
+                OwnedVariant::from(1_000u64),
+            ),
+            (
+                "ExecMainExitTimestampMonotonic",
+                OwnedVariant::from(4_000u64),
+            ),
         ]));
         assert_eq!(r.reason, ExitReason::Exited);
         assert_eq!((r.code, r.signal), (Some(7), None));
@@ -258,13 +303,19 @@ mod tests {
             exit_report(&props(&[
                 ("ExecMainCode", OwnedVariant::from(2i32)),
                 ("ExecMainStatus", OwnedVariant::from(9i32)),
-                ("Result", OwnedVariant::from(zbus::Str::from(result.to_string()))),
+                (
+                    "Result",
+                    OwnedVariant::from(zbus::Str::from(result.to_string())),
+                ),
                 ("CPUUsageNSec", OwnedVariant::from(u64::MAX)),
                 ("MemoryPeak", OwnedVariant::from(4096u64)),
             ]))
         };
         let r = killed("signal");
-        assert_eq!((r.reason, r.code, r.signal), (ExitReason::Signal, None, Some(9)));
+        assert_eq!(
+            (r.reason, r.code, r.signal),
+            (ExitReason::Signal, None, Some(9))
+        );
         assert_eq!(r.cpu_usec, None);
         assert_eq!(r.peak_memory_bytes, Some(4096));
         assert_eq!(killed("timeout").reason, ExitReason::Timeout);
