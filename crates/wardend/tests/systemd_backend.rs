@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use support::container::{should_skip, SystemdContainer};
 use warden_proto::{ExitReason, Network};
-use wardend::units::systemd::SystemdManager;
+use wardend::units::systemd::{SystemdManager, Transport};
 use wardend::units::{FsView, Limits, RunningUnit, UnitError, UnitManager, UnitName, UnitSpec};
 
 type TestResult = Result<(), Box<dyn Error>>;
@@ -64,7 +64,9 @@ fn spec(
 /// Boot a container and connect a manager for `prefix` to it.
 async fn setup(prefix: &str) -> Result<(SystemdContainer, SystemdManager), Box<dyn Error>> {
     let container = SystemdContainer::boot()?;
-    let manager = SystemdManager::connect_stream(prefix, container.connect_private()?).await?;
+    let manager =
+        SystemdManager::connect_stream(prefix, container.connect_private()?, Transport::Private)
+            .await?;
     Ok((container, manager))
 }
 
@@ -250,7 +252,9 @@ async fn cleanup_orphans_removes_units_a_dead_daemon_left() -> TestResult {
     let container = SystemdContainer::boot()?;
     // A daemon that dies leaves its units behind: start two and forget them (no stop, no
     // Drop), then drop its manager.
-    let dead = SystemdManager::connect_stream("worph", container.connect_private()?).await?;
+    let dead =
+        SystemdManager::connect_stream("worph", container.connect_private()?, Transport::Private)
+            .await?;
     let running = dead
         .start(spec("worph", &["/bin/sleep", "1000"], [None, None, None])?)
         .await?;
@@ -282,7 +286,9 @@ async fn cleanup_orphans_removes_units_a_dead_daemon_left() -> TestResult {
     expected.sort();
     assert_eq!(units_of(&container, "worph")?, expected);
 
-    let manager = SystemdManager::connect_stream("worph", container.connect_private()?).await?;
+    let manager =
+        SystemdManager::connect_stream("worph", container.connect_private()?, Transport::Private)
+            .await?;
     let mut cleaned = manager.cleanup_orphans().await?;
     cleaned.sort();
     let mut ours = vec![running, failed];
@@ -323,19 +329,96 @@ async fn dropped_unit_is_stopped_in_the_background() -> TestResult {
 }
 
 #[tokio::test]
+async fn over_the_system_bus_units_are_referenced_and_released() -> TestResult {
+    if should_skip("over_the_system_bus_units_are_referenced_and_released") {
+        return Ok(());
+    }
+    let container = SystemdContainer::boot()?;
+    let started = container.systemctl(&["start", "dbus.socket"])?;
+    assert!(
+        started.status.success(),
+        "{}",
+        String::from_utf8_lossy(&started.stderr)
+    );
+    let bus = container.connect_unix("/run/dbus/system_bus_socket")?;
+    let manager = SystemdManager::connect_stream("wbus", bus, Transport::SystemBus).await?;
+    let (read, write) = rustix::pipe::pipe()?;
+    let spec = spec(
+        "wbus",
+        &["/bin/sh", "-c", "echo bus; exit 3"],
+        [None, Some(write), None],
+    )?;
+    let mut unit = manager.start(spec).await?;
+    let name = unit.name().to_string();
+    let report = tokio::time::timeout(Duration::from_secs(20), unit.wait()).await??;
+    assert_eq!(
+        (report.reason, report.code),
+        (ExitReason::Exited, Some(3)),
+        "{report:?}"
+    );
+    let mut out = String::new();
+    File::from(read).read_to_string(&mut out)?;
+    assert_eq!(out, "bus\n");
+    // Ended, but kept loaded by this client's reference (AddRef), not by RemainAfterExit.
+    assert_eq!(container.unit_property(&name, "ActiveState")?, "failed");
+    assert_eq!(
+        container.unit_property(&name, "CollectMode")?,
+        "inactive-or-failed"
+    );
+    assert_eq!(container.unit_property(&name, "RemainAfterExit")?, "no");
+    assert!(
+        container.unit_property(&name, "Refs")?.starts_with(':'),
+        "referenced by a bus client"
+    );
+    unit.stop().await?;
+    assert_eq!(units_of(&container, "wbus")?, Vec::<String>::new());
+    Ok(())
+}
+
+#[tokio::test]
+async fn host_paths_are_visible_inside() -> TestResult {
+    if should_skip("host_paths_are_visible_inside") {
+        return Ok(());
+    }
+    let container = SystemdContainer::boot()?;
+    // This very test binary (as target/debug/wardend would be), at the same path.
+    let exe = std::env::current_exe()?;
+    let exe = exe.to_str().ok_or("test binary path is not UTF-8")?;
+    assert!(
+        container.exec(&["test", "-x", exe])?.status.success(),
+        "{exe} not visible inside"
+    );
+    let manifest = cwd().join("Cargo.toml");
+    let inside = container.exec(&["cat", manifest.to_str().ok_or("not UTF-8")?])?;
+    assert_eq!(inside.stdout, std::fs::read(&manifest)?);
+    // Writes inside land in the overlay, never on the host.
+    let marker = cwd().join("written-inside-the-container");
+    let marker = marker.to_str().ok_or("not UTF-8")?;
+    assert!(container.exec(&["touch", marker])?.status.success());
+    assert!(container.exec(&["test", "-e", marker])?.status.success());
+    assert!(
+        !std::path::Path::new(marker).exists(),
+        "a write inside reached the host"
+    );
+    Ok(())
+}
+
+#[tokio::test]
 async fn nothing_listening_is_unreachable() -> TestResult {
     // No systemd needed for the first half: a socket file nobody listens on.
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("private");
     drop(std::os::unix::net::UnixListener::bind(&path)?);
-    match SystemdManager::connect_at("wnone", &path).await {
+    match SystemdManager::connect_at("wnone", &path, Transport::Private).await {
         Err(UnitError::Unreachable(cause)) => {
             assert!(cause.contains(&path.display().to_string()), "{cause}")
         }
         Err(e) => return Err(format!("wrong error: {e}").into()),
         Ok(_) => return Err("connected to nothing".into()),
     }
-    match SystemdManager::connect_at("wnone", &dir.path().join("missing")).await {
+    match SystemdManager::connect_at("wnone", &dir.path().join("missing"), Transport::SystemBus)
+        .await
+    {
         Err(UnitError::Unreachable(_)) => {}
         Err(e) => return Err(format!("wrong error: {e}").into()),
         Ok(_) => return Err("connected to nothing".into()),

@@ -170,13 +170,18 @@ impl SystemdContainer {
         self.host_path("/run/systemd/private")
     }
 
-    /// A stream connected to the container's `/run/systemd/private`. systemd refuses a
-    /// private connection whose peer has no PID in its namespace, so the `connect()` is made
-    /// by a short-lived child forked into the container's PID namespace, on a socket this
-    /// process created and keeps.
+    /// A stream connected to the container's `/run/systemd/private` (see [`Self::connect_unix`]).
     pub fn connect_private(&self) -> io::Result<UnixStream> {
+        self.connect_unix("/run/systemd/private")
+    }
+
+    /// A stream connected to the Unix socket at `inside` (a path inside the container).
+    /// systemd refuses a private connection whose peer has no PID in its namespace, so the
+    /// `connect()` is made by a short-lived child forked into the container's PID namespace,
+    /// on a socket this process created and keeps.
+    pub fn connect_unix(&self, inside: &str) -> io::Result<UnixStream> {
         let pidns = fs::File::open(format!("/proc/{}/ns/pid", self.leader))?;
-        let addr = sockaddr_un(&self.private_socket())?;
+        let addr = sockaddr_un(&self.host_path(inside))?;
         // SAFETY: socket(2) with constant arguments; the result is checked and owned below.
         let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
         if fd == -1 {
@@ -386,8 +391,9 @@ fn kill(pid: u32, signal: i32) {
     }
 }
 
-/// Remove our directory without ever recursing: `root/` must be an empty directory on the
-/// same device as its parent (not a mount point) before it is removed.
+/// Remove our directory without ever recursing: `remove_dir` refuses a directory that is not
+/// empty, so even if the bind mount of `/` were visible here, nothing of the host's root could
+/// be removed through it. (The device check only spares a pointless attempt.)
 fn remove_dirs(dir: &Path) {
     let root = dir.join("root");
     let parent_dev = fs::metadata(dir).map(|m| m.dev()).ok();

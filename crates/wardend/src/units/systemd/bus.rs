@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 use std::future::poll_fn;
-use std::path::Path;
 use std::pin::Pin;
 
 use super::private;
@@ -17,6 +16,8 @@ use zbus::message::Type as MessageType;
 use zbus::proxy::CacheProperties;
 use zbus::{Connection, MatchRule, MessageStream, OwnedObjectPath, OwnedVariant, Variant};
 
+/// systemd's well-known bus name.
+const DESTINATION: &str = "org.freedesktop.systemd1";
 /// The manager object.
 const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
 /// The manager interface.
@@ -25,6 +26,15 @@ const MANAGER_IFACE: &str = "org.freedesktop.systemd1.Manager";
 pub(super) const UNIT_IFACE: &str = "org.freedesktop.systemd1.Unit";
 /// The interface of `.service` units (exit status, cgroup accounting).
 pub(super) const SERVICE_IFACE: &str = "org.freedesktop.systemd1.Service";
+/// How a connection reaches systemd.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Through the D-Bus system bus (`dbus-daemon` or `dbus-broker`).
+    SystemBus,
+    /// Peer-to-peer on systemd's private socket (root only; no bus daemon needed).
+    Private,
+}
+
 /// The system bus socket.
 pub(super) const SYSTEM_BUS_SOCKET: &str = "/run/dbus/system_bus_socket";
 /// systemd's private socket (peer-to-peer, root only).
@@ -108,33 +118,29 @@ pub(super) trait Properties {
     fn get_all(&self, interface: &str) -> zbus::Result<HashMap<String, OwnedVariant>>;
 }
 
-/// Connect to systemd at `socket`: the system bus socket (a bus connection, with `Hello`) or
-/// systemd's private socket (peer-to-peer).
-pub(super) async fn connect(socket: &Path) -> zbus::Result<Connection> {
-    let stream = tokio::net::UnixStream::connect(socket)
-        .await
-        .map_err(zbus::Error::from)?;
-    if socket == Path::new(SYSTEM_BUS_SOCKET) {
-        let conn = zbus::connection::Builder::unix_stream(stream.into_std()?)
-            .build()
-            .await?;
-        ManagerProxy::new(&conn).await?.subscribe().await?;
-        Ok(conn)
-    } else {
-        connect_private(stream).await
-    }
-}
-
-/// Set up D-Bus over `stream`, connected to systemd's private socket: peer-to-peer (no bus
-/// daemon, so no `Hello` and no `AddMatch`), through [`private::PrivateSocket`]. Then
-/// `Subscribe()` so that systemd sends this connection its signals.
-pub(super) async fn connect_private(stream: tokio::net::UnixStream) -> zbus::Result<Connection> {
-    let guid = private::authenticate(&stream).await?;
-    let socket = private::PrivateSocket(std::sync::Arc::new(stream));
-    let conn = zbus::connection::Builder::authenticated_socket(socket, guid.as_str())
-        .p2p()
-        .build()
-        .await?;
+/// Set up D-Bus over `stream`, connected to `transport`'s socket, then `Subscribe()` so that
+/// systemd sends this connection its signals.
+pub(super) async fn connect_stream(
+    stream: tokio::net::UnixStream,
+    transport: Transport,
+) -> zbus::Result<Connection> {
+    let conn = match transport {
+        Transport::SystemBus => {
+            zbus::connection::Builder::unix_stream(stream.into_std()?)
+                .build()
+                .await?
+        }
+        // No bus daemon: no `Hello`, no `AddMatch`; and systemd's private socket needs our
+        // own transport (see `private`).
+        Transport::Private => {
+            let guid = private::authenticate(&stream).await?;
+            let socket = private::PrivateSocket(std::sync::Arc::new(stream));
+            zbus::connection::Builder::authenticated_socket(socket, guid.as_str())
+                .p2p()
+                .build()
+                .await?
+        }
+    };
     ManagerProxy::new(&conn).await?.subscribe().await?;
     Ok(conn)
 }
@@ -160,10 +166,21 @@ pub(super) async fn unit_at<'p>(conn: &Connection, path: &'p str) -> zbus::Resul
         .await
 }
 
+/// A rule for signals from systemd. On the bus, only from the owner of
+/// `org.freedesktop.systemd1` (the bus daemon filters by it), so that another client cannot
+/// forge them; on the private socket, only systemd is on the other end.
+fn systemd_signals<'m>(conn: &Connection) -> zbus::match_rule::Builder<'m> {
+    let rule = MatchRule::builder().msg_type(MessageType::Signal);
+    if conn.is_bus() {
+        rule.sender(DESTINATION)
+    } else {
+        rule
+    }
+}
+
 /// The `JobRemoved` signals of the manager. Create it before the call that makes the job.
 pub(super) async fn job_removed_stream(conn: &Connection) -> zbus::Result<MessageStream> {
-    let rule = MatchRule::builder()
-        .msg_type(MessageType::Signal)
+    let rule = systemd_signals(conn)
         .path(MANAGER_PATH)
         .interface(MANAGER_IFACE)
         .member("JobRemoved")
@@ -173,8 +190,7 @@ pub(super) async fn job_removed_stream(conn: &Connection) -> zbus::Result<Messag
 
 /// The `UnitRemoved` signals of the manager (a unit was unloaded).
 pub(super) async fn unit_removed_stream(conn: &Connection) -> zbus::Result<MessageStream> {
-    let rule = MatchRule::builder()
-        .msg_type(MessageType::Signal)
+    let rule = systemd_signals(conn)
         .path(MANAGER_PATH)
         .interface(MANAGER_IFACE)
         .member("UnitRemoved")
@@ -187,8 +203,7 @@ pub(super) async fn properties_changed_stream(
     conn: &Connection,
     path: &str,
 ) -> zbus::Result<MessageStream> {
-    let rule = MatchRule::builder()
-        .msg_type(MessageType::Signal)
+    let rule = systemd_signals(conn)
         .path(path)
         .interface("org.freedesktop.DBus.Properties")
         .member("PropertiesChanged")

@@ -19,6 +19,7 @@ use properties::Retention;
 
 use super::{name, UnitError, UnitManager, UnitSpec};
 
+pub use bus::Transport;
 pub use unit::SystemdUnit;
 
 /// Whether PID 1 is systemd (its runtime directory exists).
@@ -40,57 +41,70 @@ pub struct SystemdManager {
 }
 
 impl SystemdManager {
-    /// Connect to systemd: the system bus when its socket exists, else systemd's private
-    /// socket.
+    /// Connect to systemd: the system bus when its socket exists and answers, else systemd's
+    /// private socket.
     pub async fn connect(prefix: &str) -> Result<Self, UnitError> {
         let system_bus = Path::new(bus::SYSTEM_BUS_SOCKET);
         if system_bus.exists() {
-            if let Ok(manager) = Self::connect_at(prefix, system_bus).await {
-                return Ok(manager);
+            match Self::connect_at(prefix, system_bus, Transport::SystemBus).await {
+                Ok(manager) => return Ok(manager),
+                Err(e) => {
+                    tracing::info!(error = %e, "no system bus, trying systemd's private socket")
+                }
             }
         }
-        Self::connect_at(prefix, Path::new(bus::PRIVATE_SOCKET)).await
+        Self::connect_at(prefix, Path::new(bus::PRIVATE_SOCKET), Transport::Private).await
     }
 
-    /// Connect to systemd at `socket`: the system bus socket, or any path to a systemd's
-    /// private socket (peer-to-peer; e.g. `/proc/<pid>/root/run/systemd/private` of a
-    /// container's systemd).
-    pub async fn connect_at(prefix: &str, socket: &Path) -> Result<Self, UnitError> {
-        let conn = bus::connect(socket).await.map_err(|e| {
+    /// Connect to systemd through the socket at `socket` (e.g.
+    /// `/proc/<pid>/root/run/systemd/private` of a container's systemd).
+    pub async fn connect_at(
+        prefix: &str,
+        socket: &Path,
+        transport: Transport,
+    ) -> Result<Self, UnitError> {
+        let unreachable = |e: &dyn std::fmt::Display| {
             UnitError::Unreachable(format!(
                 "connecting to systemd at {}: {e}",
                 socket.display()
             ))
-        })?;
-        let retention = if conn.is_bus() {
-            Retention::AddRef
-        } else {
-            Retention::RemainAfterExit
         };
-        Ok(Self::new(conn, prefix, retention))
+        let stream = tokio::net::UnixStream::connect(socket)
+            .await
+            .map_err(|e| unreachable(&e))?;
+        let conn = bus::connect_stream(stream, transport)
+            .await
+            .map_err(|e| unreachable(&e))?;
+        Ok(Self::new(conn, prefix, transport))
     }
 
-    /// Use `stream`, already connected to systemd's private socket (peer-to-peer). systemd
-    /// accepts a private connection only from a root process in its own PID namespace, so a
-    /// caller outside it (a test on the host of a container) connects from a helper inside
-    /// and passes the stream.
+    /// Use `stream`, already connected to `transport`'s socket. systemd accepts a private
+    /// connection only from a root process in its own PID namespace, so a caller outside it
+    /// (a test on the host of a container) connects from a helper inside and passes the
+    /// stream.
     pub async fn connect_stream(
         prefix: &str,
         stream: std::os::unix::net::UnixStream,
+        transport: Transport,
     ) -> Result<Self, UnitError> {
-        stream
-            .set_nonblocking(true)
-            .map_err(|e| UnitError::Unreachable(format!("setting up the passed socket: {e}")))?;
-        let conn = async { bus::connect_private(tokio::net::UnixStream::from_std(stream)?).await }
+        let unreachable = |e: &dyn std::fmt::Display| {
+            UnitError::Unreachable(format!("connecting to systemd over a passed socket: {e}"))
+        };
+        stream.set_nonblocking(true).map_err(|e| unreachable(&e))?;
+        let stream = tokio::net::UnixStream::from_std(stream).map_err(|e| unreachable(&e))?;
+        let conn = bus::connect_stream(stream, transport)
             .await
-            .map_err(|e| {
-                UnitError::Unreachable(format!("connecting to systemd over a passed socket: {e}"))
-            })?;
-        Ok(Self::new(conn, prefix, Retention::RemainAfterExit))
+            .map_err(|e| unreachable(&e))?;
+        Ok(Self::new(conn, prefix, transport))
     }
 
-    /// A manager over `conn`.
-    fn new(conn: Connection, prefix: &str, retention: Retention) -> Self {
+    /// A manager over `conn`. On the bus, units are kept by `AddRef`; systemd refuses that on
+    /// its private socket, so there they remain after exit instead.
+    fn new(conn: Connection, prefix: &str, transport: Transport) -> Self {
+        let retention = match transport {
+            Transport::SystemBus => Retention::AddRef,
+            Transport::Private => Retention::RemainAfterExit,
+        };
         Self {
             conn,
             prefix: prefix.to_string(),
