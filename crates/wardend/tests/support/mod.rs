@@ -1,3 +1,7 @@
-//! Shared test support: the systemd container and the conformance harness.
+//! Helpers shared by wardend's integration tests: the systemd container and the
+//! conformance harness.
+
+#![allow(dead_code)]
+
 pub mod container;
 pub mod harness;

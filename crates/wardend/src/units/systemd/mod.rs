@@ -1,65 +1,225 @@
-//! The systemd backend: transient `.service` units over D-Bus. (Being written.)
+//! The systemd backend: each unit is a transient `.service` in `<prefix>.slice`, started over
+//! D-Bus — the system bus when it runs, else systemd's private socket (peer-to-peer).
+//!
+//! - [`bus`]: the proxies of the few systemd1 methods used, connection, signal streams.
+//! - [`private`]: systemd's private socket as a zbus socket (SASL, sender rewriting).
+//! - [`properties`]: a [`UnitSpec`] as transient-unit properties.
+//! - [`unit`]: the running unit (wait, signal, stop) and its exit report.
 
-use warden_proto::ExitReport;
+mod bus;
+mod private;
+mod properties;
+mod unit;
 
-use super::{RunningUnit, UnitError, UnitManager, UnitName, UnitSpec};
+use std::path::Path;
+
+use zbus::Connection;
+
+use properties::Retention;
+
+use super::{name, UnitError, UnitManager, UnitSpec};
+
+pub use bus::Transport;
+pub use unit::SystemdUnit;
 
 /// Whether PID 1 is systemd (its runtime directory exists).
 pub fn pid1_is_systemd() -> bool {
-    std::path::Path::new("/run/systemd/system").is_dir()
+    Path::new("/run/systemd/system").is_dir()
 }
 
-/// Connection to systemd.
-pub struct SystemdManager {}
-
-/// A transient service.
-pub struct SystemdUnit {
-    name: UnitName,
+/// Connection to systemd, for one unit prefix.
+pub struct SystemdManager {
+    /// The connection; every unit started holds a clone (on the system bus, systemd ties the
+    /// units' `AddRef` references to it).
+    conn: Connection,
+    /// The unit prefix.
+    prefix: String,
+    /// `<prefix>.slice`.
+    slice: String,
+    /// How ended units stay loaded until released: depends on the connection.
+    retention: Retention,
 }
 
 impl SystemdManager {
-    /// Connect to systemd.
-    pub async fn connect(_prefix: &str) -> Result<Self, UnitError> {
-        Err(UnitError::Unreachable(
-            "systemd backend not written yet".into(),
-        ))
+    /// Connect to systemd: the system bus when its socket exists and answers, else systemd's
+    /// private socket.
+    pub async fn connect(prefix: &str) -> Result<Self, UnitError> {
+        let system_bus = Path::new(bus::SYSTEM_BUS_SOCKET);
+        if system_bus.exists() {
+            match Self::connect_at(prefix, system_bus, Transport::SystemBus).await {
+                Ok(manager) => return Ok(manager),
+                Err(e) => {
+                    tracing::info!(error = %e, "no system bus, trying systemd's private socket")
+                }
+            }
+        }
+        Self::connect_at(prefix, Path::new(bus::PRIVATE_SOCKET), Transport::Private).await
+    }
+
+    /// Connect to systemd through the socket at `socket` (e.g.
+    /// `/proc/<pid>/root/run/systemd/private` of a container's systemd).
+    pub async fn connect_at(
+        prefix: &str,
+        socket: &Path,
+        transport: Transport,
+    ) -> Result<Self, UnitError> {
+        let unreachable = |e: &dyn std::fmt::Display| {
+            UnitError::Unreachable(format!(
+                "connecting to systemd at {}: {e}",
+                socket.display()
+            ))
+        };
+        let stream = tokio::net::UnixStream::connect(socket)
+            .await
+            .map_err(|e| unreachable(&e))?;
+        let conn = bus::connect_stream(stream, transport)
+            .await
+            .map_err(|e| unreachable(&e))?;
+        Ok(Self::new(conn, prefix, transport))
+    }
+
+    /// Use `stream`, already connected to `transport`'s socket. systemd accepts a private
+    /// connection only from a root process in its own PID namespace, so a caller outside it
+    /// (a test on the host of a container) connects from a helper inside and passes the
+    /// stream.
+    pub async fn connect_stream(
+        prefix: &str,
+        stream: std::os::unix::net::UnixStream,
+        transport: Transport,
+    ) -> Result<Self, UnitError> {
+        let unreachable = |e: &dyn std::fmt::Display| {
+            UnitError::Unreachable(format!("connecting to systemd over a passed socket: {e}"))
+        };
+        stream.set_nonblocking(true).map_err(|e| unreachable(&e))?;
+        let stream = tokio::net::UnixStream::from_std(stream).map_err(|e| unreachable(&e))?;
+        let conn = bus::connect_stream(stream, transport)
+            .await
+            .map_err(|e| unreachable(&e))?;
+        Ok(Self::new(conn, prefix, transport))
+    }
+
+    /// A manager over `conn`. On the bus, units are kept by `AddRef`; systemd refuses that on
+    /// its private socket, so there they remain after exit instead.
+    fn new(conn: Connection, prefix: &str, transport: Transport) -> Self {
+        let retention = match transport {
+            Transport::SystemBus => Retention::AddRef,
+            Transport::Private => Retention::RemainAfterExit,
+        };
+        Self {
+            conn,
+            prefix: prefix.to_string(),
+            slice: name::slice_of(prefix),
+            retention,
+        }
+    }
+
+    /// The unit path to `Unref()` on release: only units this connection holds a reference to.
+    fn unref_path<'p>(&self, path: &'p str) -> Option<&'p str> {
+        (self.retention == Retention::AddRef).then_some(path)
+    }
+
+    /// A `Start` error for `unit`.
+    fn start_error(unit: &str, cause: impl std::fmt::Display) -> UnitError {
+        UnitError::Start {
+            unit: unit.to_string(),
+            cause: cause.to_string(),
+        }
+    }
+
+    /// Why a unit whose start job did not succeed failed, as systemd's `Result` says.
+    async fn unit_result(&self, path: &str) -> Option<String> {
+        let props = bus::properties_of(&self.conn, path).await.ok()?;
+        String::try_from(props.get(bus::SERVICE_IFACE, "Result").await.ok()?).ok()
     }
 }
 
 impl UnitManager for SystemdManager {
     type Unit = SystemdUnit;
+
     fn backend(&self) -> &'static str {
         "systemd"
     }
-    async fn start(&self, spec: UnitSpec) -> Result<SystemdUnit, UnitError> {
-        Err(UnitError::Start {
-            unit: spec.name.to_string(),
-            cause: "todo".into(),
-        })
-    }
-    async fn cleanup_orphans(&self) -> Result<Vec<String>, UnitError> {
-        Ok(vec![])
-    }
-    async fn main_pid_of(&self, _pid: u32) -> Option<u32> {
-        None
-    }
-}
 
-impl RunningUnit for SystemdUnit {
-    fn name(&self) -> &UnitName {
-        &self.name
-    }
-    async fn wait(&mut self) -> Result<ExitReport, UnitError> {
-        Err(UnitError::Control {
-            op: "wait",
-            unit: self.name.to_string(),
-            cause: "todo".into(),
+    async fn start(&self, spec: UnitSpec) -> Result<SystemdUnit, UnitError> {
+        let name = spec.name.clone();
+        let unit = name.as_str();
+        let props = properties::transient_properties(&spec, &self.slice, self.retention)
+            .map_err(|e| Self::start_error(unit, e))?;
+        let manager = bus::ManagerProxy::new(&self.conn)
+            .await
+            .map_err(|e| Self::start_error(unit, e))?;
+        // Subscribe to JobRemoved before the job exists: it may end before the call returns.
+        let mut jobs = bus::job_removed_stream(&self.conn)
+            .await
+            .map_err(|e| Self::start_error(unit, e))?;
+        let job = manager
+            .start_transient_unit(unit, "fail", &props, &[])
+            .await
+            .map_err(|e| Self::start_error(unit, format!("StartTransientUnit: {e}")))?;
+        // systemd holds its own copies of the stdio descriptors now: close ours, so that the
+        // client sees end-of-file when the unit's last process closes them.
+        drop(props);
+        drop(spec);
+        let path = bus::unit_path(unit);
+        let result = bus::job_result(&mut jobs, job.as_str())
+            .await
+            .map_err(|e| Self::start_error(unit, e))?;
+        if result != "done" {
+            let unit_result = self
+                .unit_result(&path)
+                .await
+                .unwrap_or_else(|| "unknown".into());
+            // Do not leave the failed unit behind.
+            if let Err(e) = unit::stop_and_release(&self.conn, unit, self.unref_path(&path)).await {
+                tracing::warn!(unit, error = %e, "releasing a unit that failed to start");
+            }
+            return Err(Self::start_error(
+                unit,
+                format!("start job {result} (unit result: {unit_result})"),
+            ));
+        }
+        Ok(SystemdUnit {
+            name,
+            path,
+            conn: self.conn.clone(),
+            retention: self.retention,
+            released: false,
         })
     }
-    async fn signal(&self, _signal: i32) -> Result<(), UnitError> {
-        Ok(())
+
+    async fn cleanup_orphans(&self) -> Result<Vec<String>, UnitError> {
+        let unreachable = |e: zbus::Error| UnitError::Unreachable(e.to_string());
+        let manager = bus::ManagerProxy::new(&self.conn)
+            .await
+            .map_err(unreachable)?;
+        let pattern = format!("{}-*.service", self.prefix);
+        let units = manager
+            .list_units_by_patterns(&[], &[pattern.as_str()])
+            .await
+            .map_err(unreachable)?;
+        let mut cleaned = Vec::new();
+        for (unit, ..) in units {
+            if !name::is_unit_of(&self.prefix, &unit) {
+                continue;
+            }
+            // Not ours to release (the connection that took the reference is gone).
+            unit::stop_and_release(&self.conn, &unit, None)
+                .await
+                .map_err(|e| UnitError::Control {
+                    op: "clean up",
+                    unit: unit.clone(),
+                    cause: e.to_string(),
+                })?;
+            cleaned.push(unit);
+        }
+        Ok(cleaned)
     }
-    async fn stop(&mut self) -> Result<(), UnitError> {
-        Ok(())
+
+    async fn main_pid_of(&self, pid: u32) -> Option<u32> {
+        let manager = bus::ManagerProxy::new(&self.conn).await.ok()?;
+        let path = manager.get_unit_by_pid(pid).await.ok()?;
+        let props = bus::properties_of(&self.conn, path.as_str()).await.ok()?;
+        let main_pid = u32::try_from(props.get(bus::SERVICE_IFACE, "MainPID").await.ok()?).ok()?;
+        (main_pid != 0).then_some(main_pid)
     }
 }
