@@ -299,7 +299,9 @@ impl Config {
 fn profiles_of(path: &Path, text: &str, file: &mut FileConfig) -> Result<Profiles, ConfigError> {
     let at = |span: std::ops::Range<usize>, key: String, message: String| ConfigError::At {
         path: path.to_path_buf(),
-        line: text.get(..span.start).map_or(1, |t| t.matches('\n').count() + 1),
+        line: text
+            .get(..span.start)
+            .map_or(1, |t| t.matches('\n').count() + 1),
         key,
         message,
     };
@@ -395,7 +397,13 @@ fn limits(
             Some(
                 n.and_then(|n| u32::try_from(n).ok())
                     .filter(|n| *n > 0)
-                    .ok_or_else(|| at(v.span(), format!("{key}.cpu_quota"), "expected a percentage like \"150%\"".into()))?,
+                    .ok_or_else(|| {
+                        at(
+                            v.span(),
+                            format!("{key}.cpu_quota"),
+                            "expected a percentage like \"150%\"".into(),
+                        )
+                    })?,
             )
         }
     };
@@ -406,7 +414,11 @@ fn limits(
         ),
     };
     if let Some(t) = l.tasks_max.as_ref().filter(|t| *t.get_ref() == 0) {
-        return Err(at(t.span(), format!("{key}.tasks_max"), "must be at least 1".into()));
+        return Err(at(
+            t.span(),
+            format!("{key}.tasks_max"),
+            "must be at least 1".into(),
+        ));
     }
     Ok(ParsedLimits {
         memory_max,
@@ -514,24 +526,43 @@ mod tests {
         let ok = text.replace("4G", "1G");
         let cfg = Config::from_text(Path::new("w.toml"), &ok, Flags::default());
         let cfg = cfg.map_err(|e| e.to_string());
-        let build = cfg.as_ref().ok().and_then(|c| c.profiles.profiles.get("build").cloned());
+        let build = cfg
+            .as_ref()
+            .ok()
+            .and_then(|c| c.profiles.profiles.get("build").cloned());
         assert_eq!(build.as_ref().map(|p| p.memory_max), Some(Some(1 << 30)));
         // Built-ins are narrowed to the ceiling.
-        let online = cfg.ok().and_then(|c| c.profiles.profiles.get("online").cloned());
+        let online = cfg
+            .ok()
+            .and_then(|c| c.profiles.profiles.get("online").cloned());
         assert_eq!(online.map(|p| p.network), Some(Network::Loopback));
     }
 
     #[test]
     fn bad_profile_values_name_the_line_and_key() {
         let text = "[profiles.x]\ntimeout = \"soon\"\n";
-        let err = Config::from_text(Path::new("w.toml"), text, flags_with_user()).map(|_| ()).map_err(|e| e.to_string());
-        assert!(err.as_ref().is_err_and(|e| e.starts_with("w.toml:2: profiles.x.timeout: ")), "{err:?}");
+        let err = Config::from_text(Path::new("w.toml"), text, flags_with_user())
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        assert!(
+            err.as_ref()
+                .is_err_and(|e| e.starts_with("w.toml:2: profiles.x.timeout: ")),
+            "{err:?}"
+        );
         let text = "[profiles.x]\nnetwork = \"internet\"\n";
-        let err = Config::from_text(Path::new("w.toml"), text, flags_with_user()).map(|_| ()).map_err(|e| e.to_string());
+        let err = Config::from_text(Path::new("w.toml"), text, flags_with_user())
+            .map(|_| ())
+            .map_err(|e| e.to_string());
         assert!(err.as_ref().is_err_and(|e| e.contains("line 2")), "{err:?}");
         let text = "[profiles.x]\nnetwrk = \"none\"\n";
-        let err = Config::from_text(Path::new("w.toml"), text, flags_with_user()).map(|_| ()).map_err(|e| e.to_string());
-        assert!(err.as_ref().is_err_and(|e| e.contains("line 2") && e.contains("netwrk")), "{err:?}");
+        let err = Config::from_text(Path::new("w.toml"), text, flags_with_user())
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        assert!(
+            err.as_ref()
+                .is_err_and(|e| e.contains("line 2") && e.contains("netwrk")),
+            "{err:?}"
+        );
     }
 
     #[test]

@@ -28,6 +28,7 @@ conformance!(
     stdio_and_exit_code,
     cwd_is_the_callers,
     stdin_is_passed,
+    argv_is_passed_verbatim,
     sigkill_gives_137,
     missing_command_gives_127,
     unexecutable_command_gives_126,
@@ -59,10 +60,17 @@ fn spawn_unit(h: &Harness, cmd: &[&str]) -> Result<(std::process::Child, String)
     let before = h.units()?;
     let mut args = vec!["run", "--"];
     args.extend_from_slice(cmd);
-    let child = h.warden(&args).stdout(Stdio::null()).stderr(Stdio::piped()).spawn()?;
+    let child = h
+        .warden(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
     let mut unit = None;
     Harness::wait_for(Duration::from_secs(10), || {
-        unit = h.units().ok().and_then(|u| u.into_iter().find(|n| !before.contains(n)));
+        unit = h
+            .units()
+            .ok()
+            .and_then(|u| u.into_iter().find(|n| !before.contains(n)));
         unit.is_some()
     });
     let unit = unit.ok_or_else(|| format!("no unit appeared; daemon log:\n{}", h.log_text()))?;
@@ -81,7 +89,9 @@ mod checks {
     use super::*;
 
     pub fn stdio_and_exit_code(kind: Kind) -> Result<()> {
-        let Some(h) = harness(kind, &[])? else { return Ok(()) };
+        let Some(h) = harness(kind, &[])? else {
+            return Ok(());
+        };
         let out = h.run(&["sh", "-c", "echo out; echo err >&2; exit 7"])?;
         assert_eq!(text(&out.stdout), "out\n");
         assert_eq!(text(&out.stderr), "err\n");
@@ -90,9 +100,14 @@ mod checks {
     }
 
     pub fn cwd_is_the_callers(kind: Kind) -> Result<()> {
-        let Some(h) = harness(kind, &[])? else { return Ok(()) };
+        let Some(h) = harness(kind, &[])? else {
+            return Ok(());
+        };
         let out = h.run(&["pwd"])?;
-        assert_eq!(text(&out.stdout).trim_end(), h.workdir.display().to_string());
+        assert_eq!(
+            text(&out.stdout).trim_end(),
+            h.workdir.display().to_string()
+        );
         assert_eq!(out.status.code(), Some(0));
         // And it is writable there.
         let out = h.run(&["sh", "-c", "echo x > written && cat written"])?;
@@ -101,36 +116,64 @@ mod checks {
     }
 
     pub fn stdin_is_passed(kind: Kind) -> Result<()> {
-        let Some(h) = harness(kind, &[])? else { return Ok(()) };
+        let Some(h) = harness(kind, &[])? else {
+            return Ok(());
+        };
         let mut child = h
             .warden(&["run", "--", "cat"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()?;
-        child.stdin.take().ok_or("no stdin")?.write_all(b"hello\n")?;
+        child
+            .stdin
+            .take()
+            .ok_or("no stdin")?
+            .write_all(b"hello\n")?;
         let out = child.wait_with_output()?;
         assert_eq!(text(&out.stdout), "hello\n");
         assert_eq!(out.status.code(), Some(0));
         Ok(())
     }
 
+    pub fn argv_is_passed_verbatim(kind: Kind) -> Result<()> {
+        let Some(h) = harness(kind, &[])? else {
+            return Ok(());
+        };
+        let args = ["$HOME", "$$", "${PATH}", "%n %i", "a b", "", "\\;"];
+        let mut cmd = vec!["printf", "[%s]\\n"];
+        cmd.extend_from_slice(&args);
+        let out = h.run(&cmd)?;
+        let expected: String = args.iter().map(|a| format!("[{a}]\n")).collect();
+        assert_eq!(text(&out.stdout), expected, "{}", text(&out.stderr));
+        Ok(())
+    }
+
     pub fn sigkill_gives_137(kind: Kind) -> Result<()> {
-        let Some(h) = harness(kind, &[])? else { return Ok(()) };
+        let Some(h) = harness(kind, &[])? else {
+            return Ok(());
+        };
         let out = h.run(&["sh", "-c", "kill -9 $$"])?;
         assert_eq!(out.status.code(), Some(137), "{}", text(&out.stderr));
         Ok(())
     }
 
     pub fn missing_command_gives_127(kind: Kind) -> Result<()> {
-        let Some(h) = harness(kind, &[])? else { return Ok(()) };
+        let Some(h) = harness(kind, &[])? else {
+            return Ok(());
+        };
         let out = h.run(&["no-such-command-warden"])?;
         assert_eq!(out.status.code(), Some(127));
-        assert_eq!(text(&out.stderr), "no-such-command-warden: command not found\n");
+        assert_eq!(
+            text(&out.stderr),
+            "no-such-command-warden: command not found\n"
+        );
         Ok(())
     }
 
     pub fn unexecutable_command_gives_126(kind: Kind) -> Result<()> {
-        let Some(h) = harness(kind, &[])? else { return Ok(()) };
+        let Some(h) = harness(kind, &[])? else {
+            return Ok(());
+        };
         h.write_work_file("script", "#!/bin/sh\necho hi\n")?;
         let out = h.run(&["./script"])?;
         assert_eq!(out.status.code(), Some(126), "{}", text(&out.stderr));
@@ -138,26 +181,37 @@ mod checks {
     }
 
     pub fn killing_the_client_removes_the_unit(kind: Kind) -> Result<()> {
-        let Some(h) = harness(kind, &[])? else { return Ok(()) };
-        let (mut child, unit) = spawn_unit(&h, &["sh", "-c", "setsid sh -c 'sleep 1000' & sleep 1000"])?;
-        assert!(Harness::wait_for(Duration::from_secs(5), || h.unit_processes().len() >= 2).is_some());
+        let Some(h) = harness(kind, &[])? else {
+            return Ok(());
+        };
+        let (mut child, unit) =
+            spawn_unit(&h, &["sh", "-c", "setsid sh -c 'sleep 1000' & sleep 1000"])?;
+        assert!(
+            Harness::wait_for(Duration::from_secs(5), || h.unit_processes().len() >= 2).is_some()
+        );
         let pid = client_pid(&child).ok_or("client process not found")?;
         kill(pid, libc::SIGKILL)?;
         let took = Harness::wait_for(Duration::from_secs(5), || {
             h.unit_processes().is_empty() && h.units().is_ok_and(|u| !u.contains(&unit))
         });
         let _ = child.wait();
-        let took = took.ok_or_else(|| format!("unit {unit} survived its client; log:\n{}", h.log_text()))?;
+        let took =
+            took.ok_or_else(|| format!("unit {unit} survived its client; log:\n{}", h.log_text()))?;
         let limit = match kind {
             Kind::Native => Duration::from_millis(100),
             Kind::Systemd => Duration::from_secs(1),
         };
-        assert!(took <= limit, "unit removed after {took:?}, limit {limit:?}");
+        assert!(
+            took <= limit,
+            "unit removed after {took:?}, limit {limit:?}"
+        );
         Ok(())
     }
 
     pub fn sigterm_stops_every_unit_and_exits_0(kind: Kind) -> Result<()> {
-        let Some(mut h) = harness(kind, &[])? else { return Ok(()) };
+        let Some(mut h) = harness(kind, &[])? else {
+            return Ok(());
+        };
         let (mut a, _) = spawn_unit(&h, &["sleep", "1000"])?;
         let (mut b, _) = spawn_unit(&h, &["sleep", "1000"])?;
         let status = h.signal_daemon(libc::SIGTERM)?;
@@ -172,7 +226,9 @@ mod checks {
     }
 
     pub fn kill9_then_restart_leaves_no_orphans(kind: Kind) -> Result<()> {
-        let Some(mut h) = harness(kind, &[])? else { return Ok(()) };
+        let Some(mut h) = harness(kind, &[])? else {
+            return Ok(());
+        };
         let n = match kind {
             Kind::Native => 20,
             Kind::Systemd => 3,
@@ -196,12 +252,18 @@ mod checks {
     }
 
     pub fn nested_request_is_refused(kind: Kind) -> Result<()> {
-        let Some(h) = harness(kind, &[])? else { return Ok(()) };
+        let Some(h) = harness(kind, &[])? else {
+            return Ok(());
+        };
         let warden = bin("warden").display().to_string();
         // From inside a unit the socket is not even visible.
         let out = h.run(&[&warden, "run", "--", "true"])?;
         assert_eq!(out.status.code(), Some(125));
-        assert!(text(&out.stderr).contains("cannot connect"), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("cannot connect"),
+            "{}",
+            text(&out.stderr)
+        );
         // And a process placed in a unit's cgroup that can reach the socket is refused
         // by the daemon itself.
         let fake = format!("{}-0123456789abcdef.service", h.prefix);
@@ -211,9 +273,21 @@ mod checks {
             Kind::Systemd => {
                 h.exec_root(&["systemctl", "start", "dbus.socket"])?;
                 h.command(&[
-                    "systemd-run", "--quiet", "--wait", "--pipe", "--uid=nobody", "--gid=nogroup",
-                    &format!("--unit={fake}"), &format!("--slice={}.slice", h.prefix),
-                    &format!("--working-directory={wd}"), "env", &sock, &warden, "run", "--", "true",
+                    "systemd-run",
+                    "--quiet",
+                    "--wait",
+                    "--pipe",
+                    "--uid=nobody",
+                    "--gid=nogroup",
+                    &format!("--unit={fake}"),
+                    &format!("--slice={}.slice", h.prefix),
+                    &format!("--working-directory={wd}"),
+                    "env",
+                    &sock,
+                    &warden,
+                    "run",
+                    "--",
+                    "true",
                 ])
                 .stdin(Stdio::null())
                 .output()?
@@ -222,14 +296,18 @@ mod checks {
                 let cg = format!("/sys/fs/cgroup/pids/{}.slice/{fake}", h.prefix);
                 std::fs::create_dir_all(&cg)?;
                 let script = format!("echo $$ > {cg}/cgroup.procs && exec setpriv --reuid=65534 --regid=65534 --clear-groups env -C {wd} {sock} {warden} run -- true");
-                let out = h.command(&["sh", "-c", &script]).stdin(Stdio::null()).output()?;
+                let out = h
+                    .command(&["sh", "-c", &script])
+                    .stdin(Stdio::null())
+                    .output()?;
                 let _ = std::fs::remove_dir(&cg);
                 out
             }
         };
         assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
         assert!(
-            text(&out.stderr).contains("refused: requests from inside a warden unit are not allowed"),
+            text(&out.stderr)
+                .contains("refused: requests from inside a warden unit are not allowed"),
             "{}",
             text(&out.stderr)
         );
@@ -237,35 +315,73 @@ mod checks {
     }
 
     pub fn non_root_daemon_refuses_to_serve(kind: Kind) -> Result<()> {
-        let Some(h) = harness(kind, &[])? else { return Ok(()) };
+        let Some(h) = harness(kind, &[])? else {
+            return Ok(());
+        };
         let wardend = bin("wardend").display().to_string();
         let out = h
-            .as_nobody(&[&wardend, "--client-user", "nobody", "--backend", kind.flag(), "--socket", "/nonexistent/w.sock"])
+            .as_nobody(&[
+                &wardend,
+                "--client-user",
+                "nobody",
+                "--backend",
+                kind.flag(),
+                "--socket",
+                "/nonexistent/w.sock",
+            ])
             .stdin(Stdio::null())
             .output()?;
         assert!(!out.status.success());
-        assert!(text(&out.stderr).contains("supervisor must run as root"), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("supervisor must run as root"),
+            "{}",
+            text(&out.stderr)
+        );
         Ok(())
     }
 
     pub fn wrong_uid_is_refused_at_admission(kind: Kind) -> Result<()> {
-        let Some(h) = harness(kind, &[])? else { return Ok(()) };
+        let Some(h) = harness(kind, &[])? else {
+            return Ok(());
+        };
         let warden = bin("warden").display().to_string();
         let sock = format!("WARDEN_SOCKET={}", h.socket.display());
-        let out = h.command(&["env", &sock, &warden, "run", "--", "true"]).stdin(Stdio::null()).output()?;
-        assert_eq!(out.status.code(), Some(125));
-        assert_eq!(text(&out.stderr), "authentication admission limit reached\n");
-        // Right uid, wrong gid: refused too.
         let out = h
-            .command(&["setpriv", "--reuid=65534", "--regid=0", "--clear-groups", "env", &sock, &warden, "run", "--", "true"])
+            .command(&["env", &sock, &warden, "run", "--", "true"])
             .stdin(Stdio::null())
             .output()?;
-        assert_eq!(text(&out.stderr), "authentication admission limit reached\n");
+        assert_eq!(out.status.code(), Some(125));
+        assert_eq!(
+            text(&out.stderr),
+            "authentication admission limit reached\n"
+        );
+        // Right uid, wrong gid: refused too.
+        let out = h
+            .command(&[
+                "setpriv",
+                "--reuid=65534",
+                "--regid=0",
+                "--clear-groups",
+                "env",
+                &sock,
+                &warden,
+                "run",
+                "--",
+                "true",
+            ])
+            .stdin(Stdio::null())
+            .output()?;
+        assert_eq!(
+            text(&out.stderr),
+            "authentication admission limit reached\n"
+        );
         Ok(())
     }
 
     pub fn session_limit_is_enforced(kind: Kind) -> Result<()> {
-        let Some(h) = harness(kind, &["--max-sessions", "1"])? else { return Ok(()) };
+        let Some(h) = harness(kind, &["--max-sessions", "1"])? else {
+            return Ok(());
+        };
         let (mut held, _) = spawn_unit(&h, &["sleep", "1000"])?;
         let out = h.run(&["true"])?;
         assert_eq!(out.status.code(), Some(125));
@@ -275,20 +391,33 @@ mod checks {
         }
         let _ = held.wait();
         // The slot comes back.
-        let freed = Harness::wait_for(Duration::from_secs(5), || h.run(&["true"]).is_ok_and(|o| o.status.success()));
-        assert!(freed.is_some(), "session slot not released; log:\n{}", h.log_text());
+        let freed = Harness::wait_for(Duration::from_secs(5), || {
+            h.run(&["true"]).is_ok_and(|o| o.status.success())
+        });
+        assert!(
+            freed.is_some(),
+            "session slot not released; log:\n{}",
+            h.log_text()
+        );
         Ok(())
     }
 
     pub fn silent_connection_is_closed_at_the_handshake_timeout(kind: Kind) -> Result<()> {
-        let Some(h) = harness(kind, &["--handshake-timeout", "500ms", "--max-unauthenticated", "1"])? else {
+        let Some(h) = harness(
+            kind,
+            &["--handshake-timeout", "500ms", "--max-unauthenticated", "1"],
+        )?
+        else {
             return Ok(());
         };
         let silent = h.probe_spawn(&["sleep", "1.5", "drain"])?;
         std::thread::sleep(Duration::from_millis(150));
         // The only unauthenticated slot is taken.
         let out = h.run(&["true"])?;
-        assert_eq!(text(&out.stderr), "authentication admission limit reached\n");
+        assert_eq!(
+            text(&out.stderr),
+            "authentication admission limit reached\n"
+        );
         let out = silent.wait_with_output()?;
         let said = text(&out.stdout);
         assert!(said.contains("handshake timed out"), "{said}");
@@ -300,17 +429,34 @@ mod checks {
     }
 
     pub fn bad_input_gets_an_error_frame_and_a_close(kind: Kind) -> Result<()> {
-        let Some(h) = harness(kind, &[])? else { return Ok(()) };
+        let Some(h) = harness(kind, &[])? else {
+            return Ok(());
+        };
         let wd = h.workdir.display().to_string();
         let cases: Vec<(Vec<&str>, &str)> = vec![
             (vec!["huge", "drain"], "exceeds the limit"),
             (vec!["half", "drain"], "closed in the middle of a frame"),
             (vec!["frame", "{not json", "drain"], "malformed message"),
-            (vec!["frame", r#"{"type":"stop"}"#, "drain"], "expected hello"),
-            (vec!["frame", r#"{"type":"hello","version":99}"#, "drain"], "unsupported protocol version 99"),
-            (vec!["hello", "read", "start-nofd", "drain"], "declares 1 file descriptors but 0 were attached"),
-            (vec!["hello", "read", "start-fds", "cwd", "/etc/passwd", "drain"], "cwd descriptor is not a directory"),
-            (vec!["hello", "read", "start-empty", &wd, "drain"], "empty command"),
+            (
+                vec!["frame", r#"{"type":"stop"}"#, "drain"],
+                "expected hello",
+            ),
+            (
+                vec!["frame", r#"{"type":"hello","version":99}"#, "drain"],
+                "unsupported protocol version 99",
+            ),
+            (
+                vec!["hello", "read", "start-nofd", "drain"],
+                "declares 1 file descriptors but 0 were attached",
+            ),
+            (
+                vec!["hello", "read", "start-fds", "cwd", "/etc/passwd", "drain"],
+                "cwd descriptor is not a directory",
+            ),
+            (
+                vec!["hello", "read", "start-empty", &wd, "drain"],
+                "empty command",
+            ),
             (vec!["hello", "read", "hello", "drain"], "expected start"),
         ];
         for (steps, expected) in cases {
@@ -319,7 +465,9 @@ mod checks {
             let last_two: Vec<&str> = said.lines().rev().take(2).collect();
             assert_eq!(last_two.first(), Some(&"EOF"), "{steps:?}: {said}");
             assert!(
-                last_two.get(1).is_some_and(|l| l.contains(r#""type": "error""#) && l.contains(expected)),
+                last_two
+                    .get(1)
+                    .is_some_and(|l| l.contains(r#""type": "error""#) && l.contains(expected)),
                 "{steps:?}: expected an error frame with {expected:?}, got {said}"
             );
         }
@@ -333,11 +481,28 @@ mod checks {
 
 #[test]
 fn systemd_unit_properties_are_the_baseline_sandbox() -> Result<()> {
-    let Some(h) = harness(Kind::Systemd, &[])? else { return Ok(()) };
+    let Some(h) = harness(Kind::Systemd, &[])? else {
+        return Ok(());
+    };
     let (mut child, unit) = spawn_unit(&h, &["sleep", "1000"])?;
     let out = h.exec_root(&[
-        "systemctl", "show", &unit, "-p", "User", "-p", "NoNewPrivileges", "-p", "ProtectSystem", "-p", "Slice",
-        "-p", "PrivateTmp", "-p", "ProtectHome", "-p", "KillMode",
+        "systemctl",
+        "show",
+        &unit,
+        "-p",
+        "User",
+        "-p",
+        "NoNewPrivileges",
+        "-p",
+        "ProtectSystem",
+        "-p",
+        "Slice",
+        "-p",
+        "PrivateTmp",
+        "-p",
+        "ProtectHome",
+        "-p",
+        "KillMode",
     ])?;
     let props = text(&out.stdout);
     for expected in [
@@ -349,7 +514,10 @@ fn systemd_unit_properties_are_the_baseline_sandbox() -> Result<()> {
         "ProtectHome=read-only",
         "KillMode=control-group",
     ] {
-        assert!(props.lines().any(|l| l == expected), "missing {expected} in\n{props}");
+        assert!(
+            props.lines().any(|l| l == expected),
+            "missing {expected} in\n{props}"
+        );
     }
     if let Some(pid) = client_pid(&child) {
         kill(pid, libc::SIGTERM)?;
@@ -370,7 +538,13 @@ fn orphan_cleanup_that_cannot_reach_systemd_fails_startup() -> Result<()> {
     }
     let dir = tempfile::tempdir()?;
     let out = std::process::Command::new(bin("wardend"))
-        .args(["--client-user", "nobody", "--backend", "systemd", "--socket"])
+        .args([
+            "--client-user",
+            "nobody",
+            "--backend",
+            "systemd",
+            "--socket",
+        ])
         .arg(dir.path().join("w.sock"))
         .stdin(Stdio::null())
         .output()?;
@@ -383,7 +557,9 @@ fn orphan_cleanup_that_cannot_reach_systemd_fails_startup() -> Result<()> {
 
 #[test]
 fn native_units_live_in_the_prefix_cgroup() -> Result<()> {
-    let Some(h) = harness(Kind::Native, &[])? else { return Ok(()) };
+    let Some(h) = harness(Kind::Native, &[])? else {
+        return Ok(());
+    };
     let (mut child, unit) = spawn_unit(&h, &["sleep", "1000"])?;
     assert!(native_unit_cgroups(&h.prefix).contains(&unit));
     if let Some(pid) = client_pid(&child) {

@@ -51,6 +51,7 @@ fn spec(
         cwd: File::open(cwd())?.into(),
         cwd_path: cwd(),
         stdio,
+        user: "nobody".into(),
         uid: NOBODY,
         gid: NOBODY,
         groups: vec![],

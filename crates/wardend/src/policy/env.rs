@@ -25,7 +25,11 @@ pub fn matches(pattern: &str, name: &str) -> bool {
 }
 
 /// Filter `env` by the deny lists and, if not empty, the pass-list.
-pub fn filter(env: Vec<(String, String)>, pass: &[String], deny: &[&[String]]) -> Vec<(String, String)> {
+pub fn filter(
+    env: Vec<(String, String)>,
+    pass: &[String],
+    deny: &[&[String]],
+) -> Vec<(String, String)> {
     env.into_iter()
         .filter(|(k, _)| pass.is_empty() || pass.iter().any(|p| matches(p, k)))
         .filter(|(k, _)| !BUILTIN_ENV_DENY.iter().any(|p| matches(p, k)))
@@ -54,13 +58,36 @@ mod tests {
 
     #[test]
     fn deny_and_pass_lists() {
-        let env = |pairs: &[&str]| pairs.iter().map(|k| (k.to_string(), "v".to_string())).collect::<Vec<_>>();
+        let env = |pairs: &[&str]| {
+            pairs
+                .iter()
+                .map(|k| (k.to_string(), "v".to_string()))
+                .collect::<Vec<_>>()
+        };
         let names = |e: Vec<(String, String)>| e.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
-        let sent = env(&["PATH", "GITHUB_TOKEN", "AWS_REGION", "MY_SECRET", "SSH_AUTH_SOCK", "LANG", "CUSTOM"]);
-        assert_eq!(names(filter(sent.clone(), &[], &[])), ["PATH", "LANG", "CUSTOM"]);
+        let sent = env(&[
+            "PATH",
+            "GITHUB_TOKEN",
+            "AWS_REGION",
+            "MY_SECRET",
+            "SSH_AUTH_SOCK",
+            "LANG",
+            "CUSTOM",
+        ]);
+        assert_eq!(
+            names(filter(sent.clone(), &[], &[])),
+            ["PATH", "LANG", "CUSTOM"]
+        );
         let extra = vec!["CUST*".to_string()];
-        assert_eq!(names(filter(sent.clone(), &[], &[&extra])), ["PATH", "LANG"]);
+        assert_eq!(
+            names(filter(sent.clone(), &[], &[&extra])),
+            ["PATH", "LANG"]
+        );
         let pass = vec!["PATH".to_string(), "GITHUB_TOKEN".to_string()];
-        assert_eq!(names(filter(sent, &pass, &[])), ["PATH"], "deny wins over pass");
+        assert_eq!(
+            names(filter(sent, &pass, &[])),
+            ["PATH"],
+            "deny wins over pass"
+        );
     }
 }

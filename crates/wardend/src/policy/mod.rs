@@ -95,7 +95,9 @@ pub fn build(
     }
     check_argv(&req.argv)?;
     check_env(&req.env)?;
-    let (_, profile) = settings.profiles.resolve(req.profile.as_deref(), &req.overrides)?;
+    let (_, profile) = settings
+        .profiles
+        .resolve(req.profile.as_deref(), &req.overrides)?;
     let (cwd, stdio) = assign_fds(&req.fds, fds)?;
     let cwd_path = cwd_path(&cwd)?;
     let path_var = req
@@ -106,7 +108,11 @@ pub fn build(
         .map_or(DEFAULT_PATH, |(_, v)| v.as_str());
     let exe = resolve_exe(&req.argv[0], path_var, &cwd_path, account)?;
     let ceiling = &settings.profiles.ceiling;
-    let env = env::filter(req.env, &profile.env_pass, &[&ceiling.env_deny, &profile.env_deny]);
+    let env = env::filter(
+        req.env,
+        &profile.env_pass,
+        &[&ceiling.env_deny, &profile.env_deny],
+    );
     let fs = fs_view(&profile, settings, account);
     Ok(UnitSpec {
         name,
@@ -116,6 +122,7 @@ pub fn build(
         cwd,
         cwd_path,
         stdio,
+        user: account.name.clone(),
         uid: account.uid,
         gid: account.gid,
         groups: account.groups.clone(),

@@ -108,7 +108,11 @@ impl Profile {
         };
         if let Some(n) = o.network {
             if n > self.network {
-                return Err(refuse("network", network_name(n).into(), network_name(self.network).into()));
+                return Err(refuse(
+                    "network",
+                    network_name(n).into(),
+                    network_name(self.network).into(),
+                ));
             }
             p.network = n;
         }
@@ -126,19 +130,31 @@ impl Profile {
     /// The first field in which this profile exceeds `ceiling`, as (key, value, limit).
     pub fn exceeds(&self, ceiling: &Ceiling) -> Option<(&'static str, String, String)> {
         if self.network > ceiling.network {
-            return Some(("network", network_name(self.network).into(), network_name(ceiling.network).into()));
+            return Some((
+                "network",
+                network_name(self.network).into(),
+                network_name(ceiling.network).into(),
+            ));
         }
         if let Err((a, l)) = tighter(ceiling.memory_max, self.memory_max) {
             return Some(("memory_max", format_size(a), format_size(l)));
         }
         if ceiling.memory_max.is_some() && self.memory_max.is_none() {
-            return Some(("memory_max", "unlimited".into(), format_size(ceiling.memory_max.unwrap_or(0))));
+            return Some((
+                "memory_max",
+                "unlimited".into(),
+                format_size(ceiling.memory_max.unwrap_or(0)),
+            ));
         }
         if let Err((a, l)) = tighter(ceiling.tasks_max, self.tasks_max) {
             return Some(("tasks_max", a.to_string(), l.to_string()));
         }
         if ceiling.tasks_max.is_some() && self.tasks_max.is_none() {
-            return Some(("tasks_max", "unlimited".into(), ceiling.tasks_max.unwrap_or(0).to_string()));
+            return Some((
+                "tasks_max",
+                "unlimited".into(),
+                ceiling.tasks_max.unwrap_or(0).to_string(),
+            ));
         }
         let cpu = |v: Option<u32>| v.map(u64::from);
         if let Err((a, l)) = tighter(cpu(ceiling.cpu_quota_percent), cpu(self.cpu_quota_percent)) {
@@ -248,7 +264,11 @@ impl Profiles {
     }
 
     /// The profile a request asks for (`None`: `default`), tightened by its overrides.
-    pub fn resolve(&self, name: Option<&str>, o: &Overrides) -> Result<(String, Profile), ProfileError> {
+    pub fn resolve(
+        &self,
+        name: Option<&str>,
+        o: &Overrides,
+    ) -> Result<(String, Profile), ProfileError> {
         let name = name.unwrap_or("default");
         let p = self
             .profiles
@@ -342,36 +362,69 @@ mod tests {
         );
         let ok = ok.map_err(|e| e.to_string());
         assert_eq!(ok.as_ref().map(|p| p.tasks_max), Ok(Some(8)));
-        assert_eq!(ok.as_ref().map(|p| p.timeout), Ok(Some(Duration::from_secs(1))));
+        assert_eq!(
+            ok.as_ref().map(|p| p.timeout),
+            Ok(Some(Duration::from_secs(1)))
+        );
 
-        let net = p.tighten("strict", &Overrides { network: Some(Network::Host), ..Overrides::default() });
+        let net = p.tighten(
+            "strict",
+            &Overrides {
+                network: Some(Network::Host),
+                ..Overrides::default()
+            },
+        );
         assert_eq!(
             net.map(|_| ()).map_err(|e| e.to_string()),
             Err("refused: network host exceeds the ceiling none of profile \"strict\"".into())
         );
-        let mem = p.tighten("strict", &Overrides { memory_max: Some(2 << 30), ..Overrides::default() });
+        let mem = p.tighten(
+            "strict",
+            &Overrides {
+                memory_max: Some(2 << 30),
+                ..Overrides::default()
+            },
+        );
         assert_eq!(
             mem.map(|_| ()).map_err(|e| e.to_string()),
             Err("refused: memory_max 2G exceeds the ceiling 1G of profile \"strict\"".into())
         );
-        let t = p.tighten("strict", &Overrides { timeout_ms: Some(120_000), ..Overrides::default() });
+        let t = p.tighten(
+            "strict",
+            &Overrides {
+                timeout_ms: Some(120_000),
+                ..Overrides::default()
+            },
+        );
         assert!(t.is_err_and(|e| e.field == "timeout" && e.limit == "1m"));
     }
 
     #[test]
     fn unlimited_profile_takes_any_tightening() {
         let p = Profile::builtin_online();
-        let t = p.tighten("online", &Overrides { memory_max: Some(5 << 30), ..Overrides::default() });
+        let t = p.tighten(
+            "online",
+            &Overrides {
+                memory_max: Some(5 << 30),
+                ..Overrides::default()
+            },
+        );
         assert_eq!(t.map(|p| p.memory_max), Ok(Some(5 << 30)));
     }
 
     #[test]
     fn unknown_profile_is_named() {
         let ps = Profiles::default();
-        let e = ps.resolve(Some("nope"), &Overrides::default()).map(|_| ()).map_err(|e| e.to_string());
+        let e = ps
+            .resolve(Some("nope"), &Overrides::default())
+            .map(|_| ())
+            .map_err(|e| e.to_string());
         assert_eq!(e, Err("refused: profile: unknown profile \"nope\"".into()));
         let d = ps.resolve(None, &Overrides::default());
-        assert_eq!(d.map(|(n, p)| (n, p.network)), Ok(("default".into(), Network::Loopback)));
+        assert_eq!(
+            d.map(|(n, p)| (n, p.network)),
+            Ok(("default".into(), Network::Loopback))
+        );
     }
 
     #[test]
@@ -382,15 +435,32 @@ mod tests {
             ..Ceiling::default()
         };
         let ps = Profiles::with(BTreeMap::new(), ceiling.clone());
-        assert_eq!(ps.profiles.get("online").map(|p| p.network), Some(Network::Loopback));
-        assert_eq!(ps.profiles.get("default").and_then(|p| p.memory_max), Some(2 << 30));
+        assert_eq!(
+            ps.profiles.get("online").map(|p| p.network),
+            Some(Network::Loopback)
+        );
+        assert_eq!(
+            ps.profiles.get("default").and_then(|p| p.memory_max),
+            Some(2 << 30)
+        );
         assert_eq!(
             Profile::builtin_online().exceeds(&ceiling).map(|e| e.0),
             Some("network")
         );
-        let big = Profile { network: Network::None, memory_max: Some(4 << 30), ..Profile::builtin_default() };
-        assert_eq!(big.exceeds(&ceiling), Some(("memory_max", "4G".into(), "2G".into())));
-        let fine = Profile { network: Network::None, memory_max: Some(1 << 30), ..Profile::builtin_default() };
+        let big = Profile {
+            network: Network::None,
+            memory_max: Some(4 << 30),
+            ..Profile::builtin_default()
+        };
+        assert_eq!(
+            big.exceeds(&ceiling),
+            Some(("memory_max", "4G".into(), "2G".into()))
+        );
+        let fine = Profile {
+            network: Network::None,
+            memory_max: Some(1 << 30),
+            ..Profile::builtin_default()
+        };
         assert_eq!(fine.exceeds(&ceiling), None);
     }
 

@@ -71,6 +71,8 @@ pub struct UnitSpec {
     pub cwd_path: PathBuf,
     /// Standard input, output and error; `None` means `/dev/null`.
     pub stdio: [Option<OwnedFd>; 3],
+    /// The client account's name.
+    pub user: String,
     /// The client's uid.
     pub uid: u32,
     /// The client's primary gid.

@@ -46,7 +46,10 @@ pub fn can_run(what: &str) -> bool {
     if root {
         return true;
     }
-    assert!(!required(), "CI=true: {what} needs root, and this run is not root");
+    assert!(
+        !required(),
+        "CI=true: {what} needs root, and this run is not root"
+    );
     eprintln!("skipping {what}: needs root (set CI=true to make this a failure)");
     false
 }
@@ -166,7 +169,11 @@ impl Harness {
         full.push(&wd);
         full.push("-i");
         let sock = format!("WARDEN_SOCKET={}", self.socket.display());
-        full.extend(["PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/nonexistent", &sock]);
+        full.extend([
+            "PATH=/usr/local/bin:/usr/bin:/bin",
+            "HOME=/nonexistent",
+            &sock,
+        ]);
         full.extend_from_slice(argv);
         self.command(&full)
     }
@@ -203,14 +210,19 @@ impl Harness {
         let sock = self.socket.display().to_string();
         let mut argv = vec!["python3", script.as_str(), sock.as_str()];
         argv.extend_from_slice(steps);
-        Ok(self.as_nobody(&argv).stdin(Stdio::null()).stdout(Stdio::piped()).spawn()?)
+        Ok(self
+            .as_nobody(&argv)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()?)
     }
 
     /// The socket as the host sees it.
     pub fn host_path(&self, p: &Path) -> PathBuf {
         match &self.container {
             None => p.to_path_buf(),
-            Some(ct) => PathBuf::from(format!("/proc/{}/root", ct.leader_pid())).join(p.strip_prefix("/").unwrap_or(p)),
+            Some(ct) => PathBuf::from(format!("/proc/{}/root", ct.leader_pid()))
+                .join(p.strip_prefix("/").unwrap_or(p)),
         }
     }
 
@@ -231,7 +243,10 @@ impl Harness {
             self.prefix.as_str(),
         ];
         argv.extend_from_slice(extra);
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
         let child = self
             .command(&argv)
             .env("WARDEN_LOG", "debug")
@@ -243,8 +258,14 @@ impl Harness {
         let host_sock = self.host_path(&self.socket);
         let t0 = Instant::now();
         while !host_sock.exists() {
-            if let Some(status) = self.daemon.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                return Err(format!("wardend exited early with {status}: {}", self.log_text()).into());
+            if let Some(status) = self
+                .daemon
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                return Err(
+                    format!("wardend exited early with {status}: {}", self.log_text()).into(),
+                );
             }
             if t0.elapsed() > Duration::from_secs(20) {
                 return Err(format!("wardend did not listen in 20 s: {}", self.log_text()).into());
@@ -290,7 +311,14 @@ impl Harness {
         match self.kind {
             Kind::Systemd => {
                 let pattern = format!("{}-*", self.prefix);
-                let out = self.exec_root(&["systemctl", "list-units", "--all", "--plain", "--no-legend", &pattern])?;
+                let out = self.exec_root(&[
+                    "systemctl",
+                    "list-units",
+                    "--all",
+                    "--plain",
+                    "--no-legend",
+                    &pattern,
+                ])?;
                 Ok(String::from_utf8_lossy(&out.stdout)
                     .lines()
                     .filter_map(|l| l.split_whitespace().next())
@@ -306,7 +334,10 @@ impl Harness {
         let slice = format!("/{}.slice/", self.prefix);
         all_pids()
             .into_iter()
-            .filter(|p| std::fs::read_to_string(format!("/proc/{p}/cgroup")).is_ok_and(|c| c.contains(&slice)))
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/cgroup"))
+                    .is_ok_and(|c| c.contains(&slice))
+            })
             .collect()
     }
 
@@ -399,7 +430,9 @@ pub fn native_unit_cgroups(prefix: &str) -> Vec<String> {
     let mut found = vec![];
     let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];
     while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
         for e in entries.flatten() {
             if !e.file_type().is_ok_and(|t| t.is_dir()) {
                 continue;
@@ -434,7 +467,15 @@ pub fn cleanup_native_leftovers(prefix: &str) {
     let Ok(dir) = tempfile::tempdir() else { return };
     let sock = dir.path().join("s.sock");
     let Ok(mut child) = Command::new(bin("wardend"))
-        .args(["--client-user", "nobody", "--backend", "native", "--unit-prefix", prefix, "--socket"])
+        .args([
+            "--client-user",
+            "nobody",
+            "--backend",
+            "native",
+            "--unit-prefix",
+            prefix,
+            "--socket",
+        ])
         .arg(&sock)
         .stderr(Stdio::null())
         .spawn()

@@ -51,13 +51,19 @@ pub(super) fn transient_properties<'a>(
         ("Slice", Variant::from(slice.to_string())),
         // Type=exec: the start job fails when the command cannot be executed.
         ("Type", Variant::from("exec")),
+        // ExecStartEx with `no-env-expand`: systemd would otherwise expand `$VAR` (and turn
+        // `$$` into `$`) in the arguments; the command must get its argv verbatim.
         (
-            "ExecStart",
-            Variant::from(vec![(exe.to_string(), spec.argv.clone(), false)]),
+            "ExecStartEx",
+            Variant::from(vec![(
+                exe.to_string(),
+                spec.argv.clone(),
+                vec!["no-env-expand".to_string()],
+            )]),
         ),
         // systemd 252 takes a path only; the server re-checked its device and inode.
         ("WorkingDirectory", Variant::from(cwd.to_string())),
-        ("User", Variant::from(spec.uid.to_string())),
+        ("User", Variant::from(spec.user.clone())),
         ("Group", Variant::from(spec.gid.to_string())),
         (
             "SupplementaryGroups",
