@@ -29,6 +29,8 @@ conformance!(
     cwd_is_the_callers,
     stdin_is_passed,
     argv_is_passed_verbatim,
+    signals_to_the_client_reach_the_command,
+    socket_is_reachable_only_by_root_and_the_client,
     sigkill_gives_137,
     missing_command_gives_127,
     unexecutable_command_gives_126,
@@ -145,6 +147,74 @@ mod checks {
         let out = h.run(&cmd)?;
         let expected: String = args.iter().map(|a| format!("[{a}]\n")).collect();
         assert_eq!(text(&out.stdout), expected, "{}", text(&out.stderr));
+        Ok(())
+    }
+
+    pub fn signals_to_the_client_reach_the_command(kind: Kind) -> Result<()> {
+        let Some(h) = harness(kind, &[])? else {
+            return Ok(());
+        };
+        for (sig, name) in [
+            (libc::SIGTERM, "TERM"),
+            (libc::SIGINT, "INT"),
+            (libc::SIGHUP, "HUP"),
+            (libc::SIGQUIT, "QUIT"),
+        ] {
+            let script = format!(
+                "trap 'echo got {name}; exit 3' {name}; echo ready; while :; do sleep 0.05; done"
+            );
+            let mut child = h
+                .warden(&["run", "--", "sh", "-c", &script])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()?;
+            let mut stdout = child.stdout.take().ok_or("no stdout")?;
+            let mut first = [0u8; 6];
+            std::io::Read::read_exact(&mut stdout, &mut first)?;
+            assert_eq!(&first, b"ready\n");
+            let pid = client_pid(&child).ok_or("client process not found")?;
+            kill(pid, sig)?;
+            let mut rest = String::new();
+            std::io::Read::read_to_string(&mut stdout, &mut rest)?;
+            let status = child.wait()?;
+            assert_eq!(rest, format!("got {name}\n"), "signal {name}");
+            assert_eq!(status.code(), Some(3), "signal {name}");
+        }
+        Ok(())
+    }
+
+    pub fn socket_is_reachable_only_by_root_and_the_client(kind: Kind) -> Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let Some(h) = harness(kind, &[])? else {
+            return Ok(());
+        };
+        let meta = std::fs::metadata(h.host_path(&h.socket))?;
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        assert_eq!((meta.uid(), meta.gid()), (65534, 65534));
+        // Another unprivileged account cannot even connect.
+        let warden = bin("warden").display().to_string();
+        let sock = format!("WARDEN_SOCKET={}", h.socket.display());
+        let out = h
+            .command(&[
+                "setpriv",
+                "--reuid=1",
+                "--regid=1",
+                "--clear-groups",
+                "env",
+                &sock,
+                &warden,
+                "run",
+                "--",
+                "true",
+            ])
+            .stdin(Stdio::null())
+            .output()?;
+        assert_eq!(out.status.code(), Some(125));
+        assert!(
+            text(&out.stderr).contains("Permission denied"),
+            "{}",
+            text(&out.stderr)
+        );
         Ok(())
     }
 
