@@ -91,6 +91,9 @@ async fn exit_code_and_stdout_come_back() -> TestResult {
     let report = tokio::time::timeout(Duration::from_secs(20), unit.wait()).await??;
     assert_eq!(report.reason, ExitReason::Exited, "{report:?}");
     assert_eq!((report.code, report.signal), (Some(7), None), "{report:?}");
+    // cpu_usec stays None here: in this container (cgroup v1) the cpuacct controller is not
+    // delegated, so systemd has no CPU usage to report. Its mapping is unit-tested.
+    assert!(report.wall_usec > 0, "{report:?}");
     // start() closed its copy of the write end: reading ends at the unit's end.
     let mut out = String::new();
     File::from(read).read_to_string(&mut out)?;
@@ -121,6 +124,23 @@ async fn sigkill_is_reported_as_signal_9() -> TestResult {
     assert_eq!((report.code, report.signal), (None, Some(9)), "{report:?}");
     unit.stop().await?;
     assert_eq!(units_of(&container, "wkill")?, Vec::<String>::new());
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_wall_time_limit_is_reported_as_timeout() -> TestResult {
+    if should_skip("the_wall_time_limit_is_reported_as_timeout") {
+        return Ok(());
+    }
+    let (container, manager) = setup("wtime").await?;
+    let mut spec = spec("wtime", &["/bin/sleep", "1000"], [None, None, None])?;
+    spec.limits.timeout = Some(Duration::from_millis(300));
+    let mut unit = manager.start(spec).await?;
+    let report = tokio::time::timeout(Duration::from_secs(20), unit.wait()).await??;
+    assert_eq!(report.reason, ExitReason::Timeout, "{report:?}");
+    assert_eq!(report.signal, Some(libc::SIGTERM), "{report:?}");
+    unit.stop().await?;
+    assert_eq!(units_of(&container, "wtime")?, Vec::<String>::new());
     Ok(())
 }
 

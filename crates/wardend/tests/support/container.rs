@@ -37,8 +37,14 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(30);
 const POWEROFF_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a container could not be booted.
-#[derive(Debug)]
 pub struct BootError(String);
+
+/// As Display: a test that returns the error prints it with Debug.
+impl fmt::Debug for BootError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
 
 impl fmt::Display for BootError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
