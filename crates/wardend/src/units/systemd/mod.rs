@@ -22,6 +22,10 @@ use super::{name, UnitError, UnitManager, UnitSpec};
 pub use bus::Transport;
 pub use unit::SystemdUnit;
 
+/// How long a start job may take (a unit with `Type=exec` is started once its command has
+/// been executed).
+const START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Whether PID 1 is systemd (its runtime directory exists).
 pub fn pid1_is_systemd() -> bool {
     Path::new("/run/systemd/system").is_dir()
@@ -161,9 +165,13 @@ impl UnitManager for SystemdManager {
         drop(props);
         drop(spec);
         let path = bus::unit_path(unit);
-        let result = bus::job_result(&mut jobs, job.as_str())
-            .await
-            .map_err(|e| Self::start_error(unit, e))?;
+        let result =
+            match tokio::time::timeout(START_TIMEOUT, bus::job_result(&mut jobs, job.as_str()))
+                .await
+            {
+                Ok(result) => result.map_err(|e| Self::start_error(unit, e))?,
+                Err(_) => format!("not finished after {START_TIMEOUT:?}"),
+            };
         if result != "done" {
             let unit_result = self
                 .unit_result(&path)
@@ -205,10 +213,14 @@ impl UnitManager for SystemdManager {
             // Not ours to release (the connection that took the reference is gone).
             unit::stop_and_release(&self.conn, &unit, None)
                 .await
-                .map_err(|e| UnitError::Control {
-                    op: "clean up",
-                    unit: unit.clone(),
-                    cause: e.to_string(),
+                .map_err(|e| match e {
+                    // systemd went away under us.
+                    zbus::Error::InputOutput(_) => UnitError::Unreachable(e.to_string()),
+                    e => UnitError::Control {
+                        op: "clean up",
+                        unit: unit.clone(),
+                        cause: e.to_string(),
+                    },
                 })?;
             cleaned.push(unit);
         }

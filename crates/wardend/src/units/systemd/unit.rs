@@ -72,6 +72,9 @@ impl RunningUnit for SystemdUnit {
 
     /// Cancel-safe: all state lives in this call (a fresh signal stream, then a re-read).
     async fn wait(&mut self) -> Result<ExitReport, UnitError> {
+        if self.released {
+            return Err(self.control("wait", "the unit was stopped and released"));
+        }
         // Subscribe before reading the state, so that no change falls between the two.
         let mut changes = bus::properties_changed_stream(&self.conn, &self.path)
             .await
