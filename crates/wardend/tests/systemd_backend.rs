@@ -245,6 +245,30 @@ async fn stop_removes_a_running_unit_and_is_idempotent() -> TestResult {
 }
 
 #[tokio::test]
+async fn an_immediate_failure_is_an_exit_not_a_failed_start() -> TestResult {
+    if should_skip("an_immediate_failure_is_an_exit_not_a_failed_start") {
+        return Ok(());
+    }
+    let (container, manager) = setup("wfalse").await?;
+    // /bin/false may exit before systemd sees its exec succeed: the start job then fails,
+    // but the command ran, and its exit status is what counts.
+    for _ in 0..5 {
+        let mut unit = manager
+            .start(spec("wfalse", &["/bin/false"], [None, None, None])?)
+            .await?;
+        let report = tokio::time::timeout(Duration::from_secs(20), unit.wait()).await??;
+        assert_eq!(
+            (report.reason, report.code),
+            (ExitReason::Exited, Some(1)),
+            "{report:?}"
+        );
+        unit.stop().await?;
+    }
+    assert_eq!(units_of(&container, "wfalse")?, Vec::<String>::new());
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_failed_start_is_reported_and_leaves_nothing() -> TestResult {
     if should_skip("a_failed_start_is_reported_and_leaves_nothing") {
         return Ok(());
@@ -255,7 +279,7 @@ async fn a_failed_start_is_reported_and_leaves_nothing() -> TestResult {
     match manager.start(spec).await {
         Err(UnitError::Start { unit, cause }) => {
             assert_eq!(unit, name);
-            assert!(cause.contains("failed"), "{cause}");
+            assert!(cause.contains("failed") && cause.contains("203"), "{cause}");
         }
         Err(e) => return Err(format!("wrong error: {e}").into()),
         Ok(_) => return Err("a missing executable started".into()),

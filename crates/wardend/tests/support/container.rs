@@ -416,6 +416,8 @@ fn remove_dirs(dir: &Path) {
     let _ = fs::remove_file(units.join(TARGET));
     let _ = fs::remove_dir(&units);
     let _ = fs::remove_file(dir.join("console.log"));
+    // systemd-nspawn's lock file for the image directory, which it may leave behind.
+    let _ = fs::remove_file(dir.join(".#root.lck"));
     let _ = fs::remove_dir(dir);
 }
 

@@ -130,10 +130,13 @@ impl SystemdManager {
         }
     }
 
-    /// Why a unit whose start job did not succeed failed, as systemd's `Result` says.
-    async fn unit_result(&self, path: &str) -> Option<String> {
+    /// The `Service` properties of the unit at `path`, if they can be read.
+    async fn service_properties(
+        &self,
+        path: &str,
+    ) -> Option<std::collections::HashMap<String, zbus::OwnedVariant>> {
         let props = bus::properties_of(&self.conn, path).await.ok()?;
-        String::try_from(props.get(bus::SERVICE_IFACE, "Result").await.ok()?).ok()
+        props.get_all(bus::SERVICE_IFACE).await.ok()
     }
 }
 
@@ -173,18 +176,26 @@ impl UnitManager for SystemdManager {
                 Err(_) => format!("not finished after {START_TIMEOUT:?}"),
             };
         if result != "done" {
-            let unit_result = self
-                .unit_result(&path)
-                .await
-                .unwrap_or_else(|| "unknown".into());
-            // Do not leave the failed unit behind.
-            if let Err(e) = unit::stop_and_release(&self.conn, unit, self.unref_path(&path)).await {
-                tracing::warn!(unit, error = %e, "releasing a unit that failed to start");
+            // A command that ran and ended at once can fail the start job (systemd saw it
+            // exit before it saw the exec succeed): that is an exit to report, not a failure
+            // to start. The unit stays loaded (retention), so wait() reads it.
+            let service = self.service_properties(&path).await.unwrap_or_default();
+            match unit::setup_failure(&service) {
+                None if unit::main_process_ran(&service) => {}
+                failure => {
+                    // Do not leave the failed unit behind.
+                    if let Err(e) =
+                        unit::stop_and_release(&self.conn, unit, self.unref_path(&path)).await
+                    {
+                        tracing::warn!(unit, error = %e, "releasing a unit that failed to start");
+                    }
+                    let why = failure.unwrap_or_else(|| "the command did not run".into());
+                    return Err(Self::start_error(
+                        unit,
+                        format!("start job {result}: {why}"),
+                    ));
+                }
             }
-            return Err(Self::start_error(
-                unit,
-                format!("start job {result} (unit result: {unit_result})"),
-            ));
         }
         Ok(SystemdUnit {
             name,
