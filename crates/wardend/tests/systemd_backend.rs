@@ -1,11 +1,14 @@
 //! The systemd backend against a real systemd (SPEC §7).
 //!
 //! Each test boots its own throwaway container ([`support::container`]) and drives
-//! [`SystemdManager`] from the host over the container's private socket
-//! (`/proc/<leader>/root/run/systemd/private`, a peer-to-peer connection, as wardend uses on
-//! a host without a system bus). The units run inside the container, which sees the host's
-//! root as an overlay, so host paths (this crate's directory as the cwd) are valid there.
-//! Unit state is checked with `systemctl` inside the container.
+//! [`SystemdManager`] from the host process. The connection is made to the container's
+//! `/run/systemd/private` (peer-to-peer, as wardend does on a host without a system bus) or,
+//! in one test, to its system bus (`dbus.socket` started inside). systemd refuses a private
+//! connection from a peer outside its PID namespace, so the harness makes the `connect()` from
+//! a child forked into that namespace and hands the stream over
+//! ([`SystemdContainer::connect_unix`]). The units run inside the container, which sees the
+//! host's root as an overlay, so host paths (this crate's directory as the cwd) are valid
+//! there. Unit state is checked with `systemctl` inside the container.
 //!
 //! Needs root and systemd-nspawn: run as root with
 //! `cargo test -p wardend --test systemd_backend` (or `cargo nextest run -p wardend
