@@ -1,11 +1,14 @@
 //! The systemd backend against a real systemd (SPEC §7).
 //!
 //! Each test boots its own throwaway container ([`support::container`]) and drives
-//! [`SystemdManager`] from the host over the container's private socket
-//! (`/proc/<leader>/root/run/systemd/private`, a peer-to-peer connection, as wardend uses on
-//! a host without a system bus). The units run inside the container, which sees the host's
-//! root as an overlay, so host paths (this crate's directory as the cwd) are valid there.
-//! Unit state is checked with `systemctl` inside the container.
+//! [`SystemdManager`] from the host process. The connection is made to the container's
+//! `/run/systemd/private` (peer-to-peer, as wardend does on a host without a system bus) or,
+//! in one test, to its system bus (`dbus.socket` started inside). systemd refuses a private
+//! connection from a peer outside its PID namespace, so the harness makes the `connect()` from
+//! a child forked into that namespace and hands the stream over
+//! ([`SystemdContainer::connect_unix`]). The units run inside the container, which sees the
+//! host's root as an overlay, so host paths (this crate's directory as the cwd) are valid
+//! there. Unit state is checked with `systemctl` inside the container.
 //!
 //! Needs root and systemd-nspawn: run as root with
 //! `cargo test -p wardend --test systemd_backend` (or `cargo nextest run -p wardend
@@ -92,6 +95,9 @@ async fn exit_code_and_stdout_come_back() -> TestResult {
     let report = tokio::time::timeout(Duration::from_secs(20), unit.wait()).await??;
     assert_eq!(report.reason, ExitReason::Exited, "{report:?}");
     assert_eq!((report.code, report.signal), (Some(7), None), "{report:?}");
+    // cpu_usec stays None here: in this container (cgroup v1) the cpuacct controller is not
+    // delegated, so systemd has no CPU usage to report. Its mapping is unit-tested.
+    assert!(report.wall_usec > 0, "{report:?}");
     // start() closed its copy of the write end: reading ends at the unit's end.
     let mut out = String::new();
     File::from(read).read_to_string(&mut out)?;
@@ -122,6 +128,23 @@ async fn sigkill_is_reported_as_signal_9() -> TestResult {
     assert_eq!((report.code, report.signal), (None, Some(9)), "{report:?}");
     unit.stop().await?;
     assert_eq!(units_of(&container, "wkill")?, Vec::<String>::new());
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_wall_time_limit_is_reported_as_timeout() -> TestResult {
+    if should_skip("the_wall_time_limit_is_reported_as_timeout") {
+        return Ok(());
+    }
+    let (container, manager) = setup("wtime").await?;
+    let mut spec = spec("wtime", &["/bin/sleep", "1000"], [None, None, None])?;
+    spec.limits.timeout = Some(Duration::from_millis(300));
+    let mut unit = manager.start(spec).await?;
+    let report = tokio::time::timeout(Duration::from_secs(20), unit.wait()).await??;
+    assert_eq!(report.reason, ExitReason::Timeout, "{report:?}");
+    assert_eq!(report.signal, Some(libc::SIGTERM), "{report:?}");
+    unit.stop().await?;
+    assert_eq!(units_of(&container, "wtime")?, Vec::<String>::new());
     Ok(())
 }
 
@@ -226,6 +249,30 @@ async fn stop_removes_a_running_unit_and_is_idempotent() -> TestResult {
 }
 
 #[tokio::test]
+async fn an_immediate_failure_is_an_exit_not_a_failed_start() -> TestResult {
+    if should_skip("an_immediate_failure_is_an_exit_not_a_failed_start") {
+        return Ok(());
+    }
+    let (container, manager) = setup("wfalse").await?;
+    // /bin/false may exit before systemd sees its exec succeed: the start job then fails,
+    // but the command ran, and its exit status is what counts.
+    for _ in 0..5 {
+        let mut unit = manager
+            .start(spec("wfalse", &["/bin/false"], [None, None, None])?)
+            .await?;
+        let report = tokio::time::timeout(Duration::from_secs(20), unit.wait()).await??;
+        assert_eq!(
+            (report.reason, report.code),
+            (ExitReason::Exited, Some(1)),
+            "{report:?}"
+        );
+        unit.stop().await?;
+    }
+    assert_eq!(units_of(&container, "wfalse")?, Vec::<String>::new());
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_failed_start_is_reported_and_leaves_nothing() -> TestResult {
     if should_skip("a_failed_start_is_reported_and_leaves_nothing") {
         return Ok(());
@@ -236,7 +283,7 @@ async fn a_failed_start_is_reported_and_leaves_nothing() -> TestResult {
     match manager.start(spec).await {
         Err(UnitError::Start { unit, cause }) => {
             assert_eq!(unit, name);
-            assert!(cause.contains("failed"), "{cause}");
+            assert!(cause.contains("failed") && cause.contains("203"), "{cause}");
         }
         Err(e) => return Err(format!("wrong error: {e}").into()),
         Ok(_) => return Err("a missing executable started".into()),

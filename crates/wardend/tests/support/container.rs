@@ -37,8 +37,14 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(30);
 const POWEROFF_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a container could not be booted.
-#[derive(Debug)]
 pub struct BootError(String);
+
+/// As Display: a test that returns the error prints it with Debug.
+impl fmt::Debug for BootError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
 
 impl fmt::Display for BootError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -410,6 +416,8 @@ fn remove_dirs(dir: &Path) {
     let _ = fs::remove_file(units.join(TARGET));
     let _ = fs::remove_dir(&units);
     let _ = fs::remove_file(dir.join("console.log"));
+    // systemd-nspawn's lock file for the image directory, which it may leave behind.
+    let _ = fs::remove_file(dir.join(".#root.lck"));
     let _ = fs::remove_dir(dir);
 }
 

@@ -22,6 +22,10 @@ use super::{name, UnitError, UnitManager, UnitSpec};
 pub use bus::Transport;
 pub use unit::SystemdUnit;
 
+/// How long a start job may take (a unit with `Type=exec` is started once its command has
+/// been executed).
+const START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Whether PID 1 is systemd (its runtime directory exists).
 pub fn pid1_is_systemd() -> bool {
     Path::new("/run/systemd/system").is_dir()
@@ -126,10 +130,13 @@ impl SystemdManager {
         }
     }
 
-    /// Why a unit whose start job did not succeed failed, as systemd's `Result` says.
-    async fn unit_result(&self, path: &str) -> Option<String> {
+    /// The `Service` properties of the unit at `path`, if they can be read.
+    async fn service_properties(
+        &self,
+        path: &str,
+    ) -> Option<std::collections::HashMap<String, zbus::OwnedVariant>> {
         let props = bus::properties_of(&self.conn, path).await.ok()?;
-        String::try_from(props.get(bus::SERVICE_IFACE, "Result").await.ok()?).ok()
+        props.get_all(bus::SERVICE_IFACE).await.ok()
     }
 }
 
@@ -161,22 +168,34 @@ impl UnitManager for SystemdManager {
         drop(props);
         drop(spec);
         let path = bus::unit_path(unit);
-        let result = bus::job_result(&mut jobs, job.as_str())
-            .await
-            .map_err(|e| Self::start_error(unit, e))?;
-        if result != "done" {
-            let unit_result = self
-                .unit_result(&path)
+        let result =
+            match tokio::time::timeout(START_TIMEOUT, bus::job_result(&mut jobs, job.as_str()))
                 .await
-                .unwrap_or_else(|| "unknown".into());
-            // Do not leave the failed unit behind.
-            if let Err(e) = unit::stop_and_release(&self.conn, unit, self.unref_path(&path)).await {
-                tracing::warn!(unit, error = %e, "releasing a unit that failed to start");
+            {
+                Ok(result) => result.map_err(|e| Self::start_error(unit, e))?,
+                Err(_) => format!("not finished after {START_TIMEOUT:?}"),
+            };
+        if result != "done" {
+            // A command that ran and ended at once can fail the start job (systemd saw it
+            // exit before it saw the exec succeed): that is an exit to report, not a failure
+            // to start. The unit stays loaded (retention), so wait() reads it.
+            let service = self.service_properties(&path).await.unwrap_or_default();
+            match unit::setup_failure(&service) {
+                None if unit::main_process_ran(&service) => {}
+                failure => {
+                    // Do not leave the failed unit behind.
+                    if let Err(e) =
+                        unit::stop_and_release(&self.conn, unit, self.unref_path(&path)).await
+                    {
+                        tracing::warn!(unit, error = %e, "releasing a unit that failed to start");
+                    }
+                    let why = failure.unwrap_or_else(|| "the command did not run".into());
+                    return Err(Self::start_error(
+                        unit,
+                        format!("start job {result}: {why}"),
+                    ));
+                }
             }
-            return Err(Self::start_error(
-                unit,
-                format!("start job {result} (unit result: {unit_result})"),
-            ));
         }
         Ok(SystemdUnit {
             name,
@@ -205,10 +224,14 @@ impl UnitManager for SystemdManager {
             // Not ours to release (the connection that took the reference is gone).
             unit::stop_and_release(&self.conn, &unit, None)
                 .await
-                .map_err(|e| UnitError::Control {
-                    op: "clean up",
-                    unit: unit.clone(),
-                    cause: e.to_string(),
+                .map_err(|e| match e {
+                    // systemd went away under us.
+                    zbus::Error::InputOutput(_) => UnitError::Unreachable(e.to_string()),
+                    e => UnitError::Control {
+                        op: "clean up",
+                        unit: unit.clone(),
+                        cause: e.to_string(),
+                    },
                 })?;
             cleaned.push(unit);
         }

@@ -79,6 +79,10 @@ pub(super) fn transient_properties<'a>(
             ),
         ),
         ("KillMode", Variant::from("control-group")),
+        // So that the exit report has the unit's CPU time (and peak memory where systemd
+        // reports it).
+        ("CPUAccounting", Variant::from(true)),
+        ("MemoryAccounting", Variant::from(true)),
         ("NoNewPrivileges", Variant::from(true)),
         ("PrivateTmp", Variant::from(true)),
         ("ProtectSystem", Variant::from("strict")),
@@ -187,5 +191,135 @@ fn network_properties(network: Network) -> Vec<Property<'static>> {
         ],
         Network::Loopback => vec![("PrivateNetwork", Variant::from(true))],
         Network::Host => vec![],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs::File;
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::units::{FsView, Limits, UnitName};
+
+    fn spec(
+        network: Network,
+        limits: Limits,
+        stdout: Option<std::os::fd::OwnedFd>,
+    ) -> Result<UnitSpec, Box<dyn std::error::Error>> {
+        Ok(UnitSpec {
+            name: UnitName::random("w")?,
+            argv: vec!["sh".into(), "-c".into(), "true".into()],
+            exe: PathBuf::from("/bin/sh"),
+            env: vec![("A".into(), "b=c".into())],
+            cwd: File::open("/")?.into(),
+            cwd_path: PathBuf::from("/srv/work"),
+            stdio: [None, stdout, None],
+            uid: 1000,
+            gid: 100,
+            groups: vec![27, 44],
+            home: None,
+            fs: FsView {
+                writable: vec![PathBuf::from("/srv/cache")],
+                hidden: vec![PathBuf::from("/home/u/.ssh")],
+            },
+            network,
+            limits,
+        })
+    }
+
+    fn find<'p>(props: &'p [Property<'_>], name: &str) -> Option<&'p Variant<'p>> {
+        props.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
+    }
+
+    #[test]
+    fn the_spec_becomes_sandboxing_properties() -> Result<(), Box<dyn std::error::Error>> {
+        let spec = spec(Network::None, Limits::default(), None)?;
+        let props = transient_properties(&spec, "w.slice", Retention::AddRef)?;
+        let get = |n: &str| find(&props, n).cloned();
+        assert_eq!(get("Slice"), Some(Variant::from("w.slice")));
+        assert_eq!(get("User"), Some(Variant::from("1000")));
+        assert_eq!(get("Group"), Some(Variant::from("100")));
+        assert_eq!(
+            get("SupplementaryGroups"),
+            Some(Variant::from(vec!["27".to_string(), "44".to_string()]))
+        );
+        assert_eq!(
+            get("Environment"),
+            Some(Variant::from(vec!["A=b=c".to_string()]))
+        );
+        assert_eq!(get("WorkingDirectory"), Some(Variant::from("/srv/work")));
+        assert_eq!(
+            get("ReadWritePaths"),
+            Some(Variant::from(vec![
+                "/srv/work".to_string(),
+                "-/srv/cache".to_string()
+            ]))
+        );
+        assert_eq!(
+            get("InaccessiblePaths"),
+            Some(Variant::from(vec!["-/home/u/.ssh".to_string()]))
+        );
+        assert_eq!(get("NoNewPrivileges"), Some(Variant::from(true)));
+        assert_eq!(get("ProtectSystem"), Some(Variant::from("strict")));
+        assert_eq!(get("PrivateNetwork"), Some(Variant::from(true)));
+        assert_eq!(
+            get("RestrictAddressFamilies"),
+            Some(Variant::from((true, vec!["AF_UNIX".to_string()])))
+        );
+        assert_eq!(get("AddRef"), Some(Variant::from(true)));
+        assert_eq!(get("RemainAfterExit"), None);
+        // No stdio passed: all three are /dev/null.
+        for name in ["StandardInput", "StandardOutput", "StandardError"] {
+            assert_eq!(get(name), Some(Variant::from("null")), "{name}");
+        }
+        // No limits set: none sent.
+        for name in [
+            "MemoryMax",
+            "TasksMax",
+            "CPUQuotaPerSecUSec",
+            "RuntimeMaxUSec",
+        ] {
+            assert_eq!(get(name), None, "{name}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn limits_network_stdio_and_retention() -> Result<(), Box<dyn std::error::Error>> {
+        let limits = Limits {
+            memory_max: Some(1 << 30),
+            tasks_max: Some(100),
+            cpu_quota_percent: Some(250),
+            timeout: Some(Duration::from_millis(1500)),
+        };
+        let (_read, write) = rustix::pipe::pipe()?;
+        let spec = spec(Network::Loopback, limits, Some(write))?;
+        let props = transient_properties(&spec, "w.slice", Retention::RemainAfterExit)?;
+        let get = |n: &str| find(&props, n).cloned();
+        assert_eq!(get("MemoryMax"), Some(Variant::from(1u64 << 30)));
+        assert_eq!(get("TasksMax"), Some(Variant::from(100u64)));
+        assert_eq!(get("CPUQuotaPerSecUSec"), Some(Variant::from(2_500_000u64)));
+        assert_eq!(get("RuntimeMaxUSec"), Some(Variant::from(1_500_000u64)));
+        assert_eq!(get("PrivateNetwork"), Some(Variant::from(true)));
+        assert_eq!(get("RestrictAddressFamilies"), None);
+        assert!(matches!(
+            get("StandardOutputFileDescriptor"),
+            Some(Variant::Fd(_))
+        ));
+        assert_eq!(get("StandardOutput"), None);
+        assert_eq!(get("AddRef"), None);
+        assert_eq!(get("RemainAfterExit"), Some(Variant::from(true)));
+        assert_eq!(get("CollectMode"), Some(Variant::from("inactive")));
+
+        let host = spec_host()?;
+        let props = transient_properties(&host, "w.slice", Retention::AddRef)?;
+        assert!(find(&props, "PrivateNetwork").is_none());
+        Ok(())
+    }
+
+    fn spec_host() -> Result<UnitSpec, Box<dyn std::error::Error>> {
+        spec(Network::Host, Limits::default(), None)
     }
 }

@@ -72,6 +72,9 @@ impl RunningUnit for SystemdUnit {
 
     /// Cancel-safe: all state lives in this call (a fresh signal stream, then a re-read).
     async fn wait(&mut self) -> Result<ExitReport, UnitError> {
+        if self.released {
+            return Err(self.control("wait", "the unit was stopped and released"));
+        }
         // Subscribe before reading the state, so that no change falls between the two.
         let mut changes = bus::properties_changed_stream(&self.conn, &self.path)
             .await
@@ -223,6 +226,34 @@ async fn wait_gone(
     }
 }
 
+/// Whether the unit's main process was started (forked), from its `Service` properties.
+pub(super) fn main_process_ran(service: &HashMap<String, OwnedVariant>) -> bool {
+    service
+        .get("ExecMainPID")
+        .and_then(|v| u32::try_from(v).ok())
+        .is_some_and(|pid| pid != 0)
+}
+
+/// systemd's exit statuses for a failure while it set up the command (200 CHDIR, 203 EXEC,
+/// 217 USER, 226 NAMESPACE, ...): the command itself never ran.
+const SETUP_FAILURES: std::ops::RangeInclusive<i32> = 200..=243;
+
+/// Why the command never ran, when the `Service` properties say systemd failed to set it up
+/// (e.g. `exit status 203 (systemd could not set up the command; see EXIT_EXEC...)`).
+pub(super) fn setup_failure(service: &HashMap<String, OwnedVariant>) -> Option<String> {
+    let int = |key: &str| service.get(key).and_then(|v| i32::try_from(v).ok());
+    let result = service
+        .get("Result")
+        .and_then(|v| <&str>::try_from(v).ok())
+        .unwrap_or("unknown");
+    match (int("ExecMainCode"), int("ExecMainStatus")) {
+        (Some(CLD_EXITED), Some(status)) if SETUP_FAILURES.contains(&status) => Some(format!(
+            "systemd could not set up the command: exit status {status} (unit result: {result})"
+        )),
+        _ => None,
+    }
+}
+
 /// The exit report from the `org.freedesktop.systemd1.Service` properties of an ended unit.
 /// The wall time comes from the main process's start and exit timestamps.
 pub(super) fn exit_report(service: &HashMap<String, OwnedVariant>) -> ExitReport {
@@ -295,6 +326,28 @@ mod tests {
         assert_eq!(r.cpu_usec, Some(2_500));
         assert_eq!(r.peak_memory_bytes, None);
         assert_eq!(r.wall_usec, 3_000);
+    }
+
+    #[test]
+    fn an_early_exit_is_not_a_setup_failure() {
+        let early = props(&[
+            ("ExecMainPID", OwnedVariant::from(42u32)),
+            ("ExecMainCode", OwnedVariant::from(1i32)),
+            ("ExecMainStatus", OwnedVariant::from(1i32)),
+        ]);
+        assert!(main_process_ran(&early));
+        assert_eq!(setup_failure(&early), None);
+        let exec_failed = props(&[
+            ("ExecMainPID", OwnedVariant::from(42u32)),
+            ("ExecMainCode", OwnedVariant::from(1i32)),
+            ("ExecMainStatus", OwnedVariant::from(203i32)),
+            ("Result", OwnedVariant::from(zbus::Str::from("exit-code"))),
+        ]);
+        assert!(setup_failure(&exec_failed).is_some_and(|why| why.contains("203")));
+        assert!(!main_process_ran(&props(&[(
+            "ExecMainPID",
+            OwnedVariant::from(0u32)
+        )])));
     }
 
     #[test]
