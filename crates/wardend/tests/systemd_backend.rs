@@ -171,7 +171,7 @@ async fn properties_reach_systemd() -> TestResult {
 
     assert_eq!(prop("ActiveState")?, "active");
     assert_eq!(prop("Slice")?, "wprop.slice");
-    assert_eq!(prop("User")?, NOBODY.to_string());
+    assert_eq!(prop("User")?, "nobody");
     assert_eq!(prop("NoNewPrivileges")?, "yes");
     assert_eq!(prop("ProtectSystem")?, "strict");
     assert_eq!(prop("ProtectHome")?, "read-only");

@@ -216,6 +216,7 @@ mod tests {
             cwd: File::open("/")?.into(),
             cwd_path: PathBuf::from("/srv/work"),
             stdio: [None, stdout, None],
+            user: "alice".into(),
             uid: 1000,
             gid: 100,
             groups: vec![27, 44],
@@ -239,7 +240,7 @@ mod tests {
         let props = transient_properties(&spec, "w.slice", Retention::AddRef)?;
         let get = |n: &str| find(&props, n).cloned();
         assert_eq!(get("Slice"), Some(Variant::from("w.slice")));
-        assert_eq!(get("User"), Some(Variant::from("1000")));
+        assert_eq!(get("User"), Some(Variant::from("alice")));
         assert_eq!(get("Group"), Some(Variant::from("100")));
         assert_eq!(
             get("SupplementaryGroups"),
