@@ -11,6 +11,9 @@ pub enum AccountError {
     /// No such user.
     #[error("client account {0:?} does not exist")]
     NoSuchUser(String),
+    /// Units run as the client account, so it must not be root.
+    #[error("client account {0:?} is root: units run as the client account, so it must be an unprivileged user")]
+    Root(String),
     /// The user database could not be read.
     #[error("looking up client account {name:?}: {source}")]
     Lookup {
@@ -46,6 +49,9 @@ impl Account {
         let user = User::from_name(name)
             .map_err(lookup_err)?
             .ok_or_else(|| AccountError::NoSuchUser(name.to_string()))?;
+        if user.uid.is_root() {
+            return Err(AccountError::Root(name.to_string()));
+        }
         let cname =
             std::ffi::CString::new(name).map_err(|_| AccountError::NoSuchUser(name.into()))?;
         let mut groups: Vec<u32> = nix::unistd::getgrouplist(&cname, user.gid)
@@ -86,6 +92,7 @@ mod tests {
             Account::lookup("no-such-user-warden"),
             Err(AccountError::NoSuchUser(_))
         ));
+        assert!(matches!(Account::lookup("root"), Err(AccountError::Root(_))));
         Ok(())
     }
 }
