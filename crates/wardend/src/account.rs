@@ -92,7 +92,10 @@ mod tests {
             Account::lookup("no-such-user-warden"),
             Err(AccountError::NoSuchUser(_))
         ));
-        assert!(matches!(Account::lookup("root"), Err(AccountError::Root(_))));
+        assert!(matches!(
+            Account::lookup("root"),
+            Err(AccountError::Root(_))
+        ));
         Ok(())
     }
 }

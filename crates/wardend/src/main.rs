@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
+use wardend::account::Account;
 use wardend::config::{Config, Flags};
 use wardend::server::{Server, ServerError};
 use wardend::units::Backend;
@@ -55,13 +56,15 @@ async fn run(cli: Cli) -> Result<(), String> {
     if !rustix::process::geteuid().is_root() {
         return Err(ServerError::NotRoot.to_string());
     }
+    // C2: the client account, by name, before the backend is touched.
+    let account = Account::lookup(&config.client_user).map_err(|e| e.to_string())?;
     let backend = Backend::open(config.backend, &config.unit_prefix)
         .await
         .map_err(|e| ServerError::OrphanCleanup(e).to_string())?;
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone())
         .map_err(|e| format!("installing signal handlers: {e}"))?;
-    let server = Server::new(config, backend, shutdown).map_err(|e| e.to_string())?;
+    let server = Server::new(config, account, backend, shutdown);
     server.serve().await.map_err(|e| e.to_string())
 }
 

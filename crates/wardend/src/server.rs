@@ -19,7 +19,8 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 use warden_proto::{Conn, ErrorCode, Response};
 
-use crate::account::{Account, AccountError};
+use crate::account::Account;
+
 use crate::admission::{Admission, Admitted, ADMISSION_REFUSED};
 use crate::config::Config;
 use crate::handshake::{self, HandshakeError};
@@ -40,9 +41,6 @@ pub enum ServerError {
     /// C3.
     #[error("supervisor must run as root")]
     NotRoot,
-    /// C2.
-    #[error(transparent)]
-    Account(#[from] AccountError),
     /// C4.
     #[error("startup orphan cleanup: {0}")]
     OrphanCleanup(UnitError),
@@ -73,13 +71,8 @@ pub struct Server<M: UnitManager> {
 }
 
 impl<M: UnitManager> Server<M> {
-    /// C2: look the client account up by name and set up the pools.
-    pub fn new(
-        config: Config,
-        manager: M,
-        shutdown: CancellationToken,
-    ) -> Result<Self, ServerError> {
-        let account = Account::lookup(&config.client_user)?;
+    /// Set up the pools for `account` (C2: looked up by name with [`Account::lookup`]).
+    pub fn new(config: Config, account: Account, manager: M, shutdown: CancellationToken) -> Self {
         let admission = Admission::new(
             account.uid,
             account.gid,
@@ -109,12 +102,12 @@ impl<M: UnitManager> Server<M> {
             },
             config,
         });
-        Ok(Self {
+        Self {
             shared,
             admission,
             fatal_tx,
             fatal_rx,
-        })
+        }
     }
 
     /// C3, C4, then listen and accept until shutdown (C5).
