@@ -102,6 +102,9 @@ impl Conn {
             }
             self.decoder.extend(&bytes);
             self.fds.extend(fds);
+            if self.fds.len() > 2 * MAX_FDS_PER_FRAME {
+                return Err(ConnError::UnexpectedFds(self.fds.len()));
+            }
         }
     }
 
@@ -117,8 +120,13 @@ impl Conn {
             });
         }
         let taken: Vec<OwnedFd> = self.fds.drain(..declared).collect();
-        // Descriptors left over with no further frame bytes buffered belong to no frame.
-        if self.decoder.buffered() == 0 && !self.fds.is_empty() {
+        // Descriptors left over with no further frame bytes buffered belong to no frame; and
+        // since one read ends right after the descriptors that came with it, at most one
+        // frame's worth can be waiting for a frame not yet complete. More is a peer hoarding
+        // descriptors in the daemon.
+        if (self.decoder.buffered() == 0 && !self.fds.is_empty())
+            || self.fds.len() > MAX_FDS_PER_FRAME
+        {
             return Err(ConnError::UnexpectedFds(self.fds.len()));
         }
         Ok(taken)
@@ -281,6 +289,39 @@ mod tests {
             b.recv::<Request>().await,
             Err(ConnError::UnexpectedFds(1))
         ));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn descriptors_cannot_be_hoarded_across_frames() -> Result<(), ConnError> {
+        // Each write carries the end of one frame and the start of the next, with
+        // descriptors that no frame declares: the fuzzer's find.
+        let (a, b) = UnixStream::pair()?;
+        let (a, mut b) = (Conn::new(a), Conn::new(b));
+        let stop = frame::encode(&Request::Stop)?;
+        let files: Vec<std::fs::File> = (0..8)
+            .map(|_| std::fs::File::open("/"))
+            .collect::<Result<_, _>>()?;
+        let fds: Vec<BorrowedFd<'_>> = files.iter().map(|f| f.as_fd()).collect();
+        let (head, tail) = stop.split_at(2);
+        a.send_raw(head, &[]).await?;
+        let mut outcome = Ok(());
+        for _ in 0..4 {
+            let mut chunk = tail.to_vec();
+            chunk.extend_from_slice(head);
+            a.send_raw(&chunk, &fds).await?;
+            match b.recv::<Request>().await {
+                Ok(_) => {}
+                Err(e) => {
+                    outcome = Err(e);
+                    break;
+                }
+            }
+        }
+        assert!(
+            matches!(outcome, Err(ConnError::UnexpectedFds(_))),
+            "{outcome:?}"
+        );
         Ok(())
     }
 

@@ -43,6 +43,9 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
 #[derive(Debug, Default)]
 pub struct Decoder {
     buf: Vec<u8>,
+    /// Where the unconsumed bytes start: frames are consumed by moving this, and the buffer
+    /// is compacted now and then, so many small frames cost linear time.
+    start: usize,
 }
 
 impl Decoder {
@@ -58,12 +61,12 @@ impl Decoder {
 
     /// Bytes buffered and not yet consumed.
     pub fn buffered(&self) -> usize {
-        self.buf.len()
+        self.buf.len() - self.start
     }
 
     /// Length of the frame body announced by the buffered header, checked against the limit.
     fn announced(&self) -> Result<Option<usize>, FrameError> {
-        let Some(header) = self.buf.get(..HEADER_LEN) else {
+        let Some(header) = self.buf.get(self.start..self.start + HEADER_LEN) else {
             return Ok(None);
         };
         let mut len = [0u8; HEADER_LEN];
@@ -83,11 +86,19 @@ impl Decoder {
         let Some(len) = self.announced()? else {
             return Ok(None);
         };
-        if self.buf.len() < HEADER_LEN + len {
+        if self.buffered() < HEADER_LEN + len {
             return Ok(None);
         }
-        let body = self.buf[HEADER_LEN..HEADER_LEN + len].to_vec();
-        self.buf.drain(..HEADER_LEN + len);
+        let body_at = self.start + HEADER_LEN;
+        let body = self.buf[body_at..body_at + len].to_vec();
+        self.start = body_at + len;
+        if self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        } else if self.start >= MAX_FRAME_LEN && self.start * 2 >= self.buf.len() {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
         Ok(Some(body))
     }
 
