@@ -178,10 +178,7 @@ impl Conn {
                 .async_io(Interest::WRITABLE, || {
                     let mut control = SendAncillaryBuffer::new(&mut space);
                     // The descriptors ride on the first byte of the frame, and only there.
-                    if sent == 0
-                        && !fds.is_empty()
-                        && !control.push(SendAncillaryMessage::ScmRights(fds))
-                    {
+                    if sent == 0 && !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
                         return Err(io::Error::other("control buffer too small"));
                     }
                     let iov = [io::IoSlice::new(&bytes[sent..])];
@@ -267,10 +264,7 @@ mod tests {
         a.send(&start(vec![FdRole::Cwd]), &[]).await?;
         assert!(matches!(
             b.recv::<Request>().await,
-            Err(ConnError::MissingFds {
-                declared: 1,
-                attached: 0
-            })
+            Err(ConnError::MissingFds { declared: 1, attached: 0 })
         ));
 
         let (a, b) = UnixStream::pair()?;
@@ -290,10 +284,7 @@ mod tests {
         let (a, mut b) = (Conn::new(a), Conn::new(b));
         a.send_raw(&[0, 0, 0, 10, b'{'], &[]).await?;
         drop(a);
-        assert!(matches!(
-            b.recv::<Request>().await,
-            Err(ConnError::Truncated)
-        ));
+        assert!(matches!(b.recv::<Request>().await, Err(ConnError::Truncated)));
         Ok(())
     }
 }

@@ -134,10 +134,7 @@ mod tests {
     fn oversized_header_is_refused_before_the_body() {
         let mut d = Decoder::new();
         d.extend(&u32::MAX.to_be_bytes());
-        assert_eq!(
-            d.check_header(),
-            Err(FrameError::TooLarge(u32::MAX as usize))
-        );
+        assert_eq!(d.check_header(), Err(FrameError::TooLarge(u32::MAX as usize)));
         assert!(d.next_message::<Request>().is_err());
     }
 

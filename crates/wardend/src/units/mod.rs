@@ -181,9 +181,7 @@ impl Backend {
     /// else native).
     pub async fn open(kind: BackendKind, prefix: &str) -> Result<Self, UnitError> {
         match kind {
-            BackendKind::Systemd => Ok(Self::Systemd(
-                systemd::SystemdManager::connect(prefix).await?,
-            )),
+            BackendKind::Systemd => Ok(Self::Systemd(systemd::SystemdManager::connect(prefix).await?)),
             BackendKind::Native => Ok(Self::Native(native::NativeManager::new(prefix)?)),
             BackendKind::Auto => {
                 if systemd::pid1_is_systemd() {

@@ -13,11 +13,8 @@ impl UnitName {
         let mut bytes = [0u8; 8];
         let mut filled = 0;
         while filled < bytes.len() {
-            filled += rustix::rand::getrandom(
-                &mut bytes[filled..],
-                rustix::rand::GetRandomFlags::empty(),
-            )
-            .map_err(std::io::Error::from)?;
+            filled += rustix::rand::getrandom(&mut bytes[filled..], rustix::rand::GetRandomFlags::empty())
+                .map_err(std::io::Error::from)?;
         }
         let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
         Ok(Self(format!("{prefix}-{hex}.service")))
@@ -45,12 +42,7 @@ pub fn is_unit_of(prefix: &str, name: &str) -> bool {
     name.strip_prefix(prefix)
         .and_then(|rest| rest.strip_prefix('-'))
         .and_then(|rest| rest.strip_suffix(".service"))
-        .is_some_and(|hex| {
-            hex.len() == 16
-                && hex
-                    .bytes()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        })
+        .is_some_and(|hex| hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
 }
 
 /// The slice (systemd) or parent cgroup directory (native) that holds `prefix`'s units.

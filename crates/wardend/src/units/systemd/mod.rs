@@ -20,9 +20,7 @@ pub struct SystemdUnit {
 impl SystemdManager {
     /// Connect to systemd.
     pub async fn connect(_prefix: &str) -> Result<Self, UnitError> {
-        Err(UnitError::Unreachable(
-            "systemd backend not written yet".into(),
-        ))
+        Err(UnitError::Unreachable("systemd backend not written yet".into()))
     }
 }
 
@@ -32,10 +30,7 @@ impl UnitManager for SystemdManager {
         "systemd"
     }
     async fn start(&self, spec: UnitSpec) -> Result<SystemdUnit, UnitError> {
-        Err(UnitError::Start {
-            unit: spec.name.to_string(),
-            cause: "todo".into(),
-        })
+        Err(UnitError::Start { unit: spec.name.to_string(), cause: "todo".into() })
     }
     async fn cleanup_orphans(&self) -> Result<Vec<String>, UnitError> {
         Ok(vec![])
@@ -50,11 +45,7 @@ impl RunningUnit for SystemdUnit {
         &self.name
     }
     async fn wait(&mut self) -> Result<ExitReport, UnitError> {
-        Err(UnitError::Control {
-            op: "wait",
-            unit: self.name.to_string(),
-            cause: "todo".into(),
-        })
+        Err(UnitError::Control { op: "wait", unit: self.name.to_string(), cause: "todo".into() })
     }
     async fn signal(&self, _signal: i32) -> Result<(), UnitError> {
         Ok(())
