@@ -80,6 +80,8 @@ impl NativeManager {
 /// What the child needs, as C data, prepared before the clone.
 struct Prepared {
     mounts: Vec<CompiledOp>,
+    /// The cwd's mount tree, cloned for the child to attach (the plan holds its number).
+    _cwd_tree: OwnedFd,
     exe: CString,
     argv: Vec<CString>,
     env: Vec<CString>,
@@ -89,15 +91,17 @@ struct Prepared {
 
 impl Prepared {
     fn new(spec: &UnitSpec, new_root: &Path) -> io::Result<Self> {
+        let cwd_tree = mounts::clone_tree(spec.cwd.as_fd())?;
         let view = ViewSpec {
             new_root,
-            cwd_fd: spec.cwd.as_raw_fd(),
+            cwd_tree: cwd_tree.as_raw_fd(),
             cwd_path: &spec.cwd_path,
             writable: &spec.fs.writable,
             hidden: &spec.fs.hidden,
         };
         let mounts = mounts::compile(mounts::plan(&view, &HostProbe))?;
         Ok(Self {
+            _cwd_tree: cwd_tree,
             mounts,
             exe: cstring(spec.exe.as_os_str().as_bytes())?,
             argv: spec
@@ -212,6 +216,10 @@ fn spawn(spec: &UnitSpec, p: &Prepared, cg: &UnitCgroup) -> Result<Spawned, Unit
     // SAFETY: in the child only `child::run` runs: raw syscalls on `args`, prepared above,
     // ending in execve or _exit.
     let forked = unsafe { clone::clone3(namespaces, v2.as_ref().map(AsFd::as_fd)) };
+    if let Ok(Forked::Child) = forked {
+        // Still blocked: the child's init unblocks nothing, the command unblocks all.
+        child::run(&args);
+    }
     child::set_signal_mask(&old_mask);
     match forked {
         Ok(Forked::Child) => child::run(&args),

@@ -96,9 +96,17 @@ pub enum MountOp {
         /// The file in the new /dev.
         target: PathBuf,
     },
+    /// Attach the detached mount tree `tree` writable onto `target`: a clone of the cwd made
+    /// with open_tree from the very directory fd the client passed, so no path is looked up.
+    AttachTree {
+        /// The open_tree fd.
+        tree: RawFd,
+        /// Where in the new root.
+        target: PathBuf,
+    },
     /// Bind `source` writable (recursively) onto `target`.
     BindWritable {
-        /// The host path (`/proc/self/fd/N` for the cwd: the very directory the client passed).
+        /// The host path.
         source: PathBuf,
         /// Where in the new root.
         target: PathBuf,
@@ -127,8 +135,8 @@ const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 pub struct ViewSpec<'a> {
     /// An empty host directory the new root is built on.
     pub new_root: &'a Path,
-    /// The cwd's fd (bound through `/proc/self/fd/N`).
-    pub cwd_fd: RawFd,
+    /// A detached clone of the cwd's mount tree ([`clone_tree`]), attached in the child.
+    pub cwd_tree: RawFd,
     /// The cwd's path (where it appears in the view).
     pub cwd_path: &'a Path,
     /// Extra writable paths.
@@ -161,13 +169,10 @@ pub fn plan(spec: &ViewSpec<'_>, probe: &dyn Probe) -> Vec<MountOp> {
     dev(&mut ops, &root(Path::new("/dev")), probe);
 
     // Writable binds, parents before children (a parent bound later would cover a child).
-    let mut writable: Vec<(PathBuf, PathBuf)> = vec![(
-        PathBuf::from(format!("/proc/self/fd/{}", spec.cwd_fd)),
-        spec.cwd_path.to_path_buf(),
-    )];
+    let mut writable: Vec<(Option<PathBuf>, PathBuf)> = vec![(None, spec.cwd_path.to_path_buf())];
     for w in spec.writable {
         if w.is_absolute() && !in_fresh(w, &["/proc", "/dev"]) && probe.kind(w).is_some() {
-            writable.push((w.clone(), w.clone()));
+            writable.push((Some(w.clone()), w.clone()));
         }
     }
     writable.sort_by_key(|(_, p)| p.components().count());
@@ -175,9 +180,15 @@ pub fn plan(spec: &ViewSpec<'_>, probe: &dyn Probe) -> Vec<MountOp> {
     for (source, path) in &writable {
         // Inside a fresh tmpfs the mount point does not exist yet.
         mkdir_parents_in_fresh(&mut ops, spec.new_root, path);
-        ops.push(MountOp::BindWritable {
-            source: source.clone(),
-            target: root(path),
+        ops.push(match source {
+            Some(source) => MountOp::BindWritable {
+                source: source.clone(),
+                target: root(path),
+            },
+            None => MountOp::AttachTree {
+                tree: spec.cwd_tree,
+                target: root(path),
+            },
         });
     }
 
@@ -321,6 +332,7 @@ pub fn compile(ops: Vec<MountOp>) -> std::io::Result<Vec<CompiledOp>> {
                 MountOp::Symlink { contents, link } => (contents, link, String::new()),
                 MountOp::BindDevice { source, target }
                 | MountOp::BindWritable { source, target } => (source, target, String::new()),
+                MountOp::AttachTree { target, .. } => (target, Path::new(""), String::new()),
             };
             Ok(CompiledOp {
                 first: cstr(first.as_os_str().as_bytes())?,
@@ -349,6 +361,27 @@ struct MountAttr {
 
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const AT_RECURSIVE: libc::c_uint = 0x8000;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+
+/// A detached clone of the mount tree at `dir` (recursive, close-on-exec), for
+/// [`MountOp::AttachTree`]. Made in the parent: a mount of our namespace can only be cloned
+/// from inside it (binding `/proc/self/fd/N` in the child fails with EINVAL), and the clone,
+/// being detached, can be attached in the child's namespace.
+pub fn clone_tree(dir: std::os::fd::BorrowedFd<'_>) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let flags = OPEN_TREE_CLONE
+        | libc::O_CLOEXEC as libc::c_uint
+        | libc::AT_EMPTY_PATH as libc::c_uint
+        | AT_RECURSIVE;
+    // SAFETY: open_tree on a borrowed directory fd with an empty path.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, dir.as_raw_fd(), c"".as_ptr(), flags) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: open_tree returned a new fd that we own.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as RawFd) })
+}
 
 /// Perform one operation. Runs in the child after clone: raw syscalls only, no allocation.
 /// Returns the errno on failure.
@@ -395,6 +428,7 @@ pub fn apply(c: &CompiledOp) -> Result<(), i32> {
         MountOp::BindWritable { .. } => {
             sys::mount(Some(a), b, None, libc::MS_BIND | libc::MS_REC, None)
         }
+        MountOp::AttachTree { tree, .. } => sys::move_mount(*tree, a),
         MountOp::HideFile { .. } => {
             sys::mount(Some(c"/dev/null"), a, None, libc::MS_BIND, None)?;
             sys::mount(
@@ -421,7 +455,7 @@ pub fn apply(c: &CompiledOp) -> Result<(), i32> {
 mod sys {
     use std::ffi::CStr;
 
-    use super::{check, MountAttr, AT_RECURSIVE, MOUNT_ATTR_RDONLY};
+    use super::{check, MountAttr, AT_RECURSIVE, MOUNT_ATTR_RDONLY, MOVE_MOUNT_F_EMPTY_PATH};
 
     fn ptr(s: Option<&CStr>) -> *const libc::c_char {
         s.map_or(std::ptr::null(), CStr::as_ptr)
@@ -504,6 +538,21 @@ mod sys {
         check(if r == 0 { 0 } else { -1 })
     }
 
+    pub fn move_mount(tree: libc::c_int, target: &CStr) -> Result<(), i32> {
+        // SAFETY: an fd number, an empty C string and a valid C string.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_move_mount,
+                tree,
+                c"".as_ptr(),
+                libc::AT_FDCWD,
+                target.as_ptr(),
+                MOVE_MOUNT_F_EMPTY_PATH,
+            )
+        };
+        check(if r == 0 { 0 } else { -1 })
+    }
+
     pub fn umount_detach(path: &CStr) -> Result<(), i32> {
         // SAFETY: a valid C string.
         check(unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) })
@@ -573,7 +622,7 @@ mod tests {
         ];
         let spec = ViewSpec {
             new_root: Path::new("/run/r"),
-            cwd_fd: 9,
+            cwd_tree: 9,
             cwd_path: Path::new("/home/u/project"),
             writable: &writable,
             hidden: &hidden,
@@ -617,8 +666,8 @@ mod tests {
             .any(|o| matches!(o, MountOp::BindDevice { source, .. } if source.ends_with("tty"))));
         // The cwd comes from its fd; existing writable paths are bound, missing ones skipped.
         let cwd = pos(&ops, |o| {
-            o == &MountOp::BindWritable {
-                source: "/proc/self/fd/9".into(),
+            o == &MountOp::AttachTree {
+                tree: 9,
                 target: "/run/r/home/u/project".into(),
             }
         });
@@ -661,7 +710,7 @@ mod tests {
         let probe = fake(&[("/tmp/w/proj/.git/secret", Kind::File)]);
         let spec = ViewSpec {
             new_root: Path::new("/r"),
-            cwd_fd: 3,
+            cwd_tree: 3,
             cwd_path: Path::new("/tmp/w/proj"),
             writable: &[],
             hidden: &hidden,
@@ -683,7 +732,7 @@ mod tests {
         });
         let bind = pos(
             &ops,
-            |o| matches!(o, MountOp::BindWritable { target, .. } if target == Path::new("/r/tmp/w/proj")),
+            |o| matches!(o, MountOp::AttachTree { target, .. } if target == Path::new("/r/tmp/w/proj")),
         );
         assert!(
             tmp < w && w < proj && proj < bind && bind < ops.len(),
@@ -701,7 +750,7 @@ mod tests {
         let writable = vec![PathBuf::from("/a/b/c"), PathBuf::from("/a")];
         let spec = ViewSpec {
             new_root: Path::new("/r"),
-            cwd_fd: 3,
+            cwd_tree: 3,
             cwd_path: Path::new("/a/b"),
             writable: &writable,
             hidden: &[],
@@ -710,7 +759,8 @@ mod tests {
         let targets: Vec<&PathBuf> = ops
             .iter()
             .filter_map(|o| {
-                if let MountOp::BindWritable { target, .. } = o {
+                if let MountOp::BindWritable { target, .. } | MountOp::AttachTree { target, .. } = o
+                {
                     Some(target)
                 } else {
                     None
