@@ -396,25 +396,40 @@ async fn no_network_sees_only_loopback() {
     assert_eq!(o, "lo\n");
 }
 
+/// A TCP connection to 127.0.0.1 inside the unit, and whether `lo` has its IPv6 address
+/// (the kernel gives it ::1 when it comes up).
+const NET_PROBE: &str = r#"
+if [ -x /usr/bin/python3 ]; then
+  /usr/bin/python3 -c '
+import socket
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+c = socket.create_connection(s.getsockname(), timeout=2); print("tcp-ok")' 2>/dev/null || echo tcp-failed
+else echo tcp-skipped; fi
+grep -q " lo$" /proc/net/if_inet6 2>/dev/null && echo lo-up || echo lo-down
+"#;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn loopback_is_up() {
-    if !root_or_skip("loopback_is_up") {
+async fn loopback_is_up_and_none_has_no_network() {
+    if !root_or_skip("loopback_is_up_and_none_has_no_network") {
         return;
     }
     let (m, _g, prefix) = manager();
-    let d = dirs();
-    // Flags of lo in /proc/net/dev are not shown; IFF_UP shows as an entry in if_inet6 / the
-    // route table. Read the flags through sysfs of our own netns is not possible (host sysfs),
-    // so connect a socket to ourselves instead.
-    let script = "cat /proc/net/route /proc/net/if_inet6 2>/dev/null | grep -c lo; (echo ok | nc -N -l 127.0.0.1 7 >/dev/null 2>&1 &) ; true";
-    let (mut s, out) = spec(&prefix, &["sh", "-c", script], &d);
-    s.network = Network::Loopback;
-    let (report, o, e) = run(&m, s, out).await;
-    assert_eq!(report.code, Some(0), "{e}");
-    // An up `lo` has its ::1 address in if_inet6 (or, without IPv6, nothing to count).
-    let n: u32 = o.lines().next().unwrap_or("0").trim().parse().unwrap_or(0);
     let v6 = Path::new("/proc/net/if_inet6").exists();
-    assert!(!v6 || n >= 1, "lo not up: {o}");
+    for (network, tcp, lo) in [
+        (Network::Loopback, "tcp-ok", "lo-up"),
+        (Network::None, "tcp-failed", "lo-down"),
+    ] {
+        let d = dirs();
+        let (mut s, out) = spec(&prefix, &["sh", "-c", NET_PROBE], &d);
+        s.network = network;
+        let (report, o, e) = run(&m, s, out).await;
+        assert_eq!(report.code, Some(0), "{network:?}: {e}");
+        assert!(
+            o.contains(tcp) || o.contains("tcp-skipped"),
+            "{network:?}: {o}"
+        );
+        assert!(!v6 || o.contains(lo), "{network:?}: {o}");
+    }
 }
 
 /// `sh -c 'setsid sh -c "sleep 1000" & sleep 1000'`, then stop: nothing may remain.
@@ -597,4 +612,28 @@ async fn orphans_of_a_forgotten_manager_are_cleaned_up() {
     }
     fs::remove_dir(&foreign).unwrap();
     assert!(m2.cleanup_orphans().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_unit_is_still_killed_and_removed() {
+    if !root_or_skip("a_dropped_unit_is_still_killed_and_removed") {
+        return;
+    }
+    let (m, _g, prefix) = manager();
+    let d = dirs();
+    let (s, _out) = spec(&prefix, &["sh", "-c", "setsid sleep 1000 & sleep 1000"], &d);
+    let unit = m.start(s).await.unwrap();
+    let dirs = unit.cgroup_dirs();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let pids: Vec<i32> = dirs.iter().flat_map(|d| procs(d)).collect();
+    assert!(pids.len() >= 3, "{pids:?}");
+    drop(unit);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while (dirs.iter().any(|d| d.exists()) || pids.iter().any(|&p| running(p)))
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(dirs.iter().all(|d| !d.exists()), "{dirs:?}");
+    assert!(pids.iter().all(|&p| !running(p)), "{pids:?}");
 }
