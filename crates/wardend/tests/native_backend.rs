@@ -637,3 +637,26 @@ async fn a_dropped_unit_is_still_killed_and_removed() {
     assert!(dirs.iter().all(|d| !d.exists()), "{dirs:?}");
     assert!(pids.iter().all(|&p| !running(p)), "{pids:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn main_pid_of_a_unit_process_is_its_init() {
+    if !root_or_skip("main_pid_of_a_unit_process_is_its_init") {
+        return;
+    }
+    let (m, _g, prefix) = manager();
+    let d = dirs();
+    let (s, _out) = spec(&prefix, &["sh", "-c", "sleep 1000 & sleep 1000"], &d);
+    let mut unit = m.start(s).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let pids: Vec<i32> = unit.cgroup_dirs().iter().flat_map(|d| procs(d)).collect();
+    assert!(pids.len() >= 3, "{pids:?}");
+    for pid in pids {
+        assert_eq!(
+            m.main_pid_of(pid as u32).await,
+            Some(unit.init_pid() as u32),
+            "{pid}"
+        );
+    }
+    assert_eq!(m.main_pid_of(std::process::id()).await, None);
+    unit.stop().await.unwrap();
+}

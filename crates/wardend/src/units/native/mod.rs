@@ -216,25 +216,29 @@ fn spawn(spec: &UnitSpec, p: &Prepared, cg: &UnitCgroup) -> Result<Spawned, Unit
     // SAFETY: in the child only `child::run` runs: raw syscalls on `args`, prepared above,
     // ending in execve or _exit.
     let forked = unsafe { clone::clone3(namespaces, v2.as_ref().map(AsFd::as_fd)) };
-    if let Ok(Forked::Child) = forked {
-        // Still blocked: the child's init unblocks nothing, the command unblocks all.
-        child::run(&args);
-    }
-    child::set_signal_mask(&old_mask);
-    match forked {
+    let (pid, pidfd) = match forked {
+        // Signals stay blocked in the child: its init never unblocks them (it waits for them
+        // with sigwaitinfo), the command unblocks all right before exec.
         Ok(Forked::Child) => child::run(&args),
-        Ok(Forked::Parent { pid, pidfd }) => Ok(Spawned {
-            pid,
-            pidfd,
-            start: start_r,
-            status: status_r,
-        }),
-        Err(source) => Err(UnitError::Io {
-            step: "clone3",
-            path: unit,
-            source,
-        }),
-    }
+        Ok(Forked::Parent { pid, pidfd }) => {
+            child::set_signal_mask(&old_mask);
+            (pid, pidfd)
+        }
+        Err(source) => {
+            child::set_signal_mask(&old_mask);
+            return Err(UnitError::Io {
+                step: "clone3",
+                path: unit,
+                source,
+            });
+        }
+    };
+    Ok(Spawned {
+        pid,
+        pidfd,
+        start: start_r,
+        status: status_r,
+    })
     // The write ends, the cgroup fds (and, in the caller, the spec's fds) close here: the
     // child has its copies.
 }
@@ -343,9 +347,36 @@ impl UnitManager for NativeManager {
         .map_err(|e| UnitError::Unreachable(format!("orphan cleanup task: {e}")))?
     }
 
-    async fn main_pid_of(&self, _pid: u32) -> Option<u32> {
-        None
+    /// The init of the unit `pid` runs in (PID 1 of the unit's pid namespace), if `pid` is in
+    /// one of this manager's units.
+    async fn main_pid_of(&self, pid: u32) -> Option<u32> {
+        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        let slice = name::slice_of(&self.prefix);
+        let unit = cgroups.lines().find_map(|line| {
+            let mut parts = line.splitn(3, ':').nth(2)?.rsplit('/');
+            let (unit, parent) = (parts.next()?, parts.next()?);
+            (parent == slice && name::is_unit_of(&self.prefix, unit)).then(|| unit.to_string())
+        })?;
+        let init = self
+            .cgroups
+            .unit(&unit)
+            .pids()
+            .into_iter()
+            .find(|&p| is_namespace_init(p))?;
+        u32::try_from(init).ok()
     }
+}
+
+/// Whether `pid` is PID 1 of a pid namespace below ours (NSpid: `<our pid> ... 1`).
+fn is_namespace_init(pid: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    let Some(ids) = status.lines().find_map(|l| l.strip_prefix("NSpid:")) else {
+        return false;
+    };
+    let ids: Vec<&str> = ids.split_whitespace().collect();
+    ids.len() > 1 && ids.last() == Some(&"1")
 }
 
 fn is_our_child(pid: i32) -> bool {
