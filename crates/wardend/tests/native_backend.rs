@@ -660,3 +660,45 @@ async fn main_pid_of_a_unit_process_is_its_init() {
     assert_eq!(m.main_pid_of(std::process::id()).await, None);
     unit.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extra_writable_paths_are_writable_and_symlinks_are_refused() {
+    if !root_or_skip("extra_writable_paths_are_writable_and_symlinks_are_refused") {
+        return;
+    }
+    let (m, _g, prefix) = manager();
+    let d = dirs();
+    let cache = d.home.path().join("cache");
+    fs::create_dir(&cache).unwrap();
+    chown(&cache, Some(NOBODY), Some(NOBODY)).unwrap();
+    let (mut s, out) = spec(
+        &prefix,
+        &["sh", "-c", "touch \"$HOME/cache/x\" && echo cache-ok; touch \"$HOME/y\" 2>/dev/null && echo home-writable; true"],
+        &d,
+    );
+    s.fs.writable = vec![cache.clone(), d.home.path().join("missing")];
+    let (report, o, e) = run(&m, s, out).await;
+    assert_eq!(report.code, Some(0), "{e}");
+    assert!(
+        o.contains("cache-ok") && !o.contains("home-writable"),
+        "{o} {e}"
+    );
+    assert!(cache.join("x").exists());
+
+    // A writable path the agent swapped for a symlink (to a hidden directory, say).
+    let secret = d.home.path().join(".ssh");
+    fs::create_dir(&secret).unwrap();
+    let link = d.home.path().join("link");
+    std::os::unix::fs::symlink(&secret, &link).unwrap();
+    let (mut s, _out) = spec(&prefix, &["true"], &d);
+    s.fs.writable = vec![link.clone()];
+    s.fs.hidden = vec![secret];
+    let err = match m.start(s).await {
+        Ok(_) => panic!("a symlinked writable path was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("not a canonical path") && err.contains(&link.display().to_string()),
+        "{err}"
+    );
+}

@@ -80,8 +80,9 @@ impl NativeManager {
 /// What the child needs, as C data, prepared before the clone.
 struct Prepared {
     mounts: Vec<CompiledOp>,
-    /// The cwd's mount tree, cloned for the child to attach (the plan holds its number).
-    _cwd_tree: OwnedFd,
+    /// The mount trees of the cwd and the writable paths, cloned for the child to attach
+    /// (the plan holds their numbers).
+    _trees: Vec<OwnedFd>,
     exe: CString,
     argv: Vec<CString>,
     env: Vec<CString>,
@@ -90,31 +91,56 @@ struct Prepared {
 }
 
 impl Prepared {
-    fn new(spec: &UnitSpec, new_root: &Path) -> io::Result<Self> {
-        let cwd_tree = mounts::clone_tree(spec.cwd.as_fd())?;
+    fn new(spec: &UnitSpec, new_root: &Path) -> Result<Self, UnitError> {
+        let io_err = |step: &'static str, path: &Path| {
+            let path = path.display().to_string();
+            move |source: io::Error| UnitError::Io { step, path, source }
+        };
+        let cwd_tree = mounts::clone_tree(spec.cwd.as_fd()).map_err(io_err(
+            "cloning the mount of the working directory",
+            &spec.cwd_path,
+        ))?;
+        let mut writable = Vec::new();
+        let mut trees = vec![cwd_tree];
+        for path in &spec.fs.writable {
+            let Some(fd) = open_canonical(path).map_err(io_err("opening writable path", path))?
+            else {
+                continue;
+            };
+            let tree = mounts::clone_tree(fd.as_fd())
+                .map_err(io_err("cloning the mount of writable path", path))?;
+            writable.push((tree.as_raw_fd(), path.clone()));
+            trees.push(tree);
+        }
         let view = ViewSpec {
             new_root,
-            cwd_tree: cwd_tree.as_raw_fd(),
+            cwd_tree: trees[0].as_raw_fd(),
             cwd_path: &spec.cwd_path,
-            writable: &spec.fs.writable,
+            writable: &writable,
             hidden: &spec.fs.hidden,
         };
-        let mounts = mounts::compile(mounts::plan(&view, &HostProbe))?;
+        let strings = |e: io::Error| UnitError::Start {
+            unit: spec.name.to_string(),
+            cause: e.to_string(),
+        };
+        let mounts = mounts::compile(mounts::plan(&view, &HostProbe)).map_err(strings)?;
         Ok(Self {
-            _cwd_tree: cwd_tree,
+            _trees: trees,
             mounts,
-            exe: cstring(spec.exe.as_os_str().as_bytes())?,
+            exe: cstring(spec.exe.as_os_str().as_bytes()).map_err(strings)?,
             argv: spec
                 .argv
                 .iter()
                 .map(|a| cstring(a.as_bytes()))
-                .collect::<io::Result<_>>()?,
+                .collect::<io::Result<_>>()
+                .map_err(strings)?,
             env: spec
                 .env
                 .iter()
                 .map(|(k, v)| cstring(format!("{k}={v}").as_bytes()))
-                .collect::<io::Result<_>>()?,
-            cwd_path: cstring(spec.cwd_path.as_os_str().as_bytes())?,
+                .collect::<io::Result<_>>()
+                .map_err(strings)?,
+            cwd_path: cstring(spec.cwd_path.as_os_str().as_bytes()).map_err(strings)?,
             groups: spec.groups.clone(),
         })
     }
@@ -134,6 +160,29 @@ impl Prepared {
 
 fn describe_op(op: &MountOp) -> String {
     format!("{op:?}")
+}
+
+/// Open an extra writable path (`None` if it does not exist) and check that it is canonical:
+/// the path the descriptor ended up at is the path asked for, so no symlink (swapped in by
+/// the agent, say) redirects the bind to somewhere else — a hidden path, for one.
+fn open_canonical(path: &Path) -> io::Result<Option<OwnedFd>> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = match rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let resolved = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+    if resolved != path {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "not a canonical path: it resolves to {}",
+                resolved.display()
+            ),
+        ));
+    }
+    Ok(Some(fd))
 }
 
 fn cstring(b: &[u8]) -> io::Result<CString> {
@@ -268,8 +317,7 @@ impl UnitManager for NativeManager {
             unit: unit.clone(),
             cause,
         };
-        let prepared =
-            Prepared::new(&spec, &self.new_root).map_err(|e| start_err(e.to_string()))?;
+        let prepared = Prepared::new(&spec, &self.new_root)?;
         let cgroup = self.cgroups.create(&unit, &spec.limits)?;
         let started = Instant::now();
         let spawned = match spawn(&spec, &prepared, &cgroup) {

@@ -96,18 +96,12 @@ pub enum MountOp {
         /// The file in the new /dev.
         target: PathBuf,
     },
-    /// Attach the detached mount tree `tree` writable onto `target`: a clone of the cwd made
-    /// with open_tree from the very directory fd the client passed, so no path is looked up.
+    /// Attach the detached mount tree `tree` onto `target`: a clone (open_tree, made before the
+    /// clone) of the cwd from the very fd the client passed, or of an extra writable path
+    /// opened and checked by wardend, so that no path is looked up again in the child.
     AttachTree {
         /// The open_tree fd.
         tree: RawFd,
-        /// Where in the new root.
-        target: PathBuf,
-    },
-    /// Bind `source` writable (recursively) onto `target`.
-    BindWritable {
-        /// The host path.
-        source: PathBuf,
         /// Where in the new root.
         target: PathBuf,
     },
@@ -139,8 +133,8 @@ pub struct ViewSpec<'a> {
     pub cwd_tree: RawFd,
     /// The cwd's path (where it appears in the view).
     pub cwd_path: &'a Path,
-    /// Extra writable paths.
-    pub writable: &'a [PathBuf],
+    /// Extra writable paths that exist: a [`clone_tree`] of each, and where it goes.
+    pub writable: &'a [(RawFd, PathBuf)],
     /// Hidden paths.
     pub hidden: &'a [PathBuf],
 }
@@ -169,26 +163,20 @@ pub fn plan(spec: &ViewSpec<'_>, probe: &dyn Probe) -> Vec<MountOp> {
     dev(&mut ops, &root(Path::new("/dev")), probe);
 
     // Writable binds, parents before children (a parent bound later would cover a child).
-    let mut writable: Vec<(Option<PathBuf>, PathBuf)> = vec![(None, spec.cwd_path.to_path_buf())];
-    for w in spec.writable {
-        if w.is_absolute() && !in_fresh(w, &["/proc", "/dev"]) && probe.kind(w).is_some() {
-            writable.push((Some(w.clone()), w.clone()));
+    let mut writable: Vec<(RawFd, &Path)> = vec![(spec.cwd_tree, spec.cwd_path)];
+    for (tree, path) in spec.writable {
+        if path.is_absolute() && !in_fresh(path, &["/proc", "/dev"]) {
+            writable.push((*tree, path));
         }
     }
     writable.sort_by_key(|(_, p)| p.components().count());
     writable.dedup_by(|a, b| a.1 == b.1);
-    for (source, path) in &writable {
+    for &(tree, path) in &writable {
         // Inside a fresh tmpfs the mount point does not exist yet.
         mkdir_parents_in_fresh(&mut ops, spec.new_root, path);
-        ops.push(match source {
-            Some(source) => MountOp::BindWritable {
-                source: source.clone(),
-                target: root(path),
-            },
-            None => MountOp::AttachTree {
-                tree: spec.cwd_tree,
-                target: root(path),
-            },
+        ops.push(MountOp::AttachTree {
+            tree,
+            target: root(path),
         });
     }
 
@@ -330,8 +318,7 @@ pub fn compile(ops: Vec<MountOp>) -> std::io::Result<Vec<CompiledOp>> {
                     (path, Path::new(""), String::new())
                 }
                 MountOp::Symlink { contents, link } => (contents, link, String::new()),
-                MountOp::BindDevice { source, target }
-                | MountOp::BindWritable { source, target } => (source, target, String::new()),
+                MountOp::BindDevice { source, target } => (source, target, String::new()),
                 MountOp::AttachTree { target, .. } => (target, Path::new(""), String::new()),
             };
             Ok(CompiledOp {
@@ -425,9 +412,6 @@ pub fn apply(c: &CompiledOp) -> Result<(), i32> {
         MountOp::Touch { .. } => sys::touch(a),
         MountOp::Symlink { .. } => sys::symlink(a, b),
         MountOp::BindDevice { .. } => sys::mount(Some(a), b, None, libc::MS_BIND, None),
-        MountOp::BindWritable { .. } => {
-            sys::mount(Some(a), b, None, libc::MS_BIND | libc::MS_REC, None)
-        }
         MountOp::AttachTree { tree, .. } => sys::move_mount(*tree, a),
         MountOp::HideFile { .. } => {
             sys::mount(Some(c"/dev/null"), a, None, libc::MS_BIND, None)?;
@@ -611,8 +595,8 @@ mod tests {
             ("/tmp/secret", Kind::Dir),
         ]);
         let writable = vec![
-            PathBuf::from("/srv/cache"),
-            PathBuf::from("/does/not/exist"),
+            (11, PathBuf::from("/srv/cache")),
+            (12, PathBuf::from("/proc/sys")),
         ];
         let hidden = vec![
             PathBuf::from("/home/u/.ssh"),
@@ -672,13 +656,14 @@ mod tests {
             }
         });
         assert!(cwd < ops.len());
-        assert!(ops.contains(&MountOp::BindWritable {
-            source: "/srv/cache".into(),
+        assert!(ops.contains(&MountOp::AttachTree {
+            tree: 11,
             target: "/run/r/srv/cache".into()
         }));
-        assert!(!ops.iter().any(
-            |o| matches!(o, MountOp::BindWritable { source, .. } if source.starts_with("/does"))
-        ));
+        // Never writable: anything under the fresh /proc or /dev.
+        assert!(!ops
+            .iter()
+            .any(|o| matches!(o, MountOp::AttachTree { tree: 12, .. })));
         // Hidden: directories under a read-only tmpfs, files under /dev/null; missing ones and
         // ones under the private /tmp skipped; all after the writable binds.
         let ssh = pos(&ops, |o| {
@@ -747,7 +732,7 @@ mod tests {
     #[test]
     fn parents_are_bound_before_children() {
         let probe = fake(&[("/a/b/c", Kind::Dir), ("/a", Kind::Dir)]);
-        let writable = vec![PathBuf::from("/a/b/c"), PathBuf::from("/a")];
+        let writable = vec![(4, PathBuf::from("/a/b/c")), (5, PathBuf::from("/a"))];
         let spec = ViewSpec {
             new_root: Path::new("/r"),
             cwd_tree: 3,
@@ -759,8 +744,7 @@ mod tests {
         let targets: Vec<&PathBuf> = ops
             .iter()
             .filter_map(|o| {
-                if let MountOp::BindWritable { target, .. } | MountOp::AttachTree { target, .. } = o
-                {
+                if let MountOp::AttachTree { target, .. } = o {
                     Some(target)
                 } else {
                     None
