@@ -702,3 +702,28 @@ async fn extra_writable_paths_are_writable_and_symlinks_are_refused() {
         "{err}"
     );
 }
+
+/// Not a benchmark, a sanity number: `cargo test -p wardend --release --test native_backend
+/// -- --ignored --nocapture start_rate`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn start_rate() {
+    if !root_or_skip("start_rate") {
+        return;
+    }
+    let (m, _g, prefix) = manager();
+    let d = dirs();
+    let n = 200;
+    let t = Instant::now();
+    for _ in 0..n {
+        let (s, _out) = spec(&prefix, &["true"], &d);
+        let mut unit = m.start(s).await.unwrap();
+        assert_eq!(unit.wait().await.unwrap().code, Some(0));
+        unit.stop().await.unwrap();
+    }
+    let each = t.elapsed() / n;
+    eprintln!(
+        "start+wait+stop of /bin/true, sequential: {each:?} each, {:.0}/s",
+        1.0 / each.as_secs_f64()
+    );
+}
