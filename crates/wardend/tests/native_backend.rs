@@ -727,3 +727,35 @@ async fn start_rate() {
         1.0 / each.as_secs_f64()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_quota_and_limits_are_written_to_the_cgroup() {
+    if !root_or_skip("cpu_quota_and_limits_are_written_to_the_cgroup") {
+        return;
+    }
+    let (m, _g, prefix) = manager();
+    let d = dirs();
+    let (mut s, _out) = spec(&prefix, &["sleep", "1000"], &d);
+    s.limits = Limits {
+        memory_max: Some(64 << 20),
+        tasks_max: Some(17),
+        cpu_quota_percent: Some(50),
+        timeout: None,
+    };
+    let mut unit = m.start(s).await.unwrap();
+    let read = |file: &str| -> Option<String> {
+        unit.cgroup_dirs()
+            .iter()
+            .find_map(|d| fs::read_to_string(d.join(file)).ok())
+            .map(|s| s.trim().to_string())
+    };
+    let cpu = read("cpu.max").or_else(|| read("cpu.cfs_quota_us"));
+    assert!(
+        cpu.as_deref() == Some("50000 100000") || cpu.as_deref() == Some("50000"),
+        "{cpu:?}"
+    );
+    assert_eq!(read("pids.max").as_deref(), Some("17"));
+    let mem = read("memory.max").or_else(|| read("memory.limit_in_bytes"));
+    assert_eq!(mem.as_deref(), Some("67108864"));
+    unit.stop().await.unwrap();
+}
