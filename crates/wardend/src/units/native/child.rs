@@ -1,0 +1,376 @@
+//! The code that runs after clone3, in the unit's new namespaces.
+//!
+//! The clone was made from a multi-threaded tokio process: here only async-signal-safe code
+//! runs — raw syscalls on data prepared before the clone ([`ChildArgs`]), no allocation, no
+//! locks, no glibc wrappers that talk to other threads (setuid and friends go through
+//! `syscall` directly). Every path ends in `execve` or `_exit`.
+//!
+//! The clone child is PID 1 of the unit's pid namespace: it builds the view, drops its
+//! privileges, forks the command and stays as a tiny init that forwards signals, reaps
+//! zombies and reports the command's wait status. Failures before exec are reported as
+//! [`StartFailure`]s on the close-on-exec start pipe.
+
+use std::ffi::{c_char, CStr};
+use std::os::fd::RawFd;
+
+use super::mounts::{self, errno, CompiledOp};
+use super::report::{CommandStatus, StartFailure, Step};
+
+/// Everything the child needs, prepared before the clone.
+pub struct ChildArgs<'a> {
+    /// `cgroup.procs` of the unit's v1 cgroups, open for writing.
+    pub v1_procs: &'a [RawFd],
+    /// The mount plan.
+    pub mounts: &'a [CompiledOp],
+    /// The hostname in the new uts namespace.
+    pub hostname: &'a CStr,
+    /// Bring `lo` up (a new network namespace with loopback).
+    pub loopback: bool,
+    /// The cwd the client passed.
+    pub cwd_fd: RawFd,
+    /// Its path, as seen in the new root.
+    pub cwd_path: &'a CStr,
+    /// Supplementary groups.
+    pub groups: &'a [libc::gid_t],
+    /// The uid to run as.
+    pub uid: libc::uid_t,
+    /// The gid to run as.
+    pub gid: libc::gid_t,
+    /// stdin, stdout, stderr; -1 for /dev/null.
+    pub stdio: [RawFd; 3],
+    /// `/dev/null` (in the new root).
+    pub dev_null: &'a CStr,
+    /// The program.
+    pub exe: &'a CStr,
+    /// NULL-terminated argv.
+    pub argv: &'a [*const c_char],
+    /// NULL-terminated environment.
+    pub envp: &'a [*const c_char],
+    /// Write end of the start pipe (close-on-exec).
+    pub start_fd: RawFd,
+    /// Write end of the status pipe.
+    pub status_fd: RawFd,
+}
+
+/// The child's entry point, right after clone3. Signals arrive blocked (the parent blocked
+/// them around the clone) so that nothing is lost or run by an inherited handler.
+pub fn run(a: &ChildArgs<'_>) -> ! {
+    match start_sequence(a) {
+        Ok(command) => supervise(a.status_fd, command),
+        Err(failure) => fail(a.start_fd, failure),
+    }
+}
+
+/// The start sequence, a step a line, in order. Runs as root, PID 1 of the new pid namespace.
+fn start_sequence(a: &ChildArgs<'_>) -> Result<libc::pid_t, StartFailure> {
+    // Handlers inherited from wardend (tokio's) must never run here.
+    reset_signal_dispositions();
+    // Cgroups first: every process forked from here on is born in them. (v2: already there
+    // through CLONE_INTO_CGROUP.)
+    join_v1_cgroups(a.v1_procs)?;
+    // The filesystem view, ending with pivot_root: host paths are unreachable after it, so
+    // everything that needs one (cgroup files, device nodes) came before.
+    for (i, op) in a.mounts.iter().enumerate() {
+        mounts::apply(op).map_err(|e| StartFailure::mount_failed(i, e))?;
+    }
+    set_hostname(a.hostname)?;
+    if a.loopback {
+        loopback_up()?;
+    }
+    // Enter the cwd by its path in the new root, checked to be the directory the client
+    // passed. Not fchdir: the fd points into the old, detached, writable host tree, where
+    // `..` would walk out of the view.
+    enter_cwd(a.cwd_fd, a.cwd_path)?;
+    // Credentials: groups, then gid, then uid (after setuid the others cannot change).
+    drop_privileges(a.groups, a.gid, a.uid)?;
+    // After the drop: no exec may give privileges back (setuid binaries, file caps).
+    set_no_new_privs()?;
+    // The init, as the command's uid, must not be ptrace-able by the command.
+    set_not_dumpable();
+    // rlimits would go here (the spec has none yet); seccomp right before exec.
+    fork_command(a)
+}
+
+/// The command: stdio, close the rest, signals back to normal, exec.
+fn command(a: &ChildArgs<'_>) -> ! {
+    // A session of its own: the unit's init is not its session leader.
+    // SAFETY: setsid has no memory arguments.
+    unsafe { libc::setsid() };
+    if let Err(e) = setup_stdio(a.stdio, a.dev_null) {
+        fail(a.start_fd, StartFailure::setup_failed(Step::Stdio, e));
+    }
+    // Every other descriptor closes at exec; the start pipe must survive until then to
+    // report an exec failure, so mark close-on-exec rather than close.
+    if let Err(e) = close_range(3, u32::MAX, CLOSE_RANGE_CLOEXEC) {
+        fail(a.start_fd, StartFailure::setup_failed(Step::CloseFds, e));
+    }
+    // Last before exec: dispositions are default already, unblock everything.
+    set_signal_mask(&empty_sigset());
+    // SAFETY: exe is a C string; argv and envp are NULL-terminated arrays of C strings, all
+    // prepared before the clone and alive in our copy of the parent's memory.
+    unsafe { libc::execve(a.exe.as_ptr(), a.argv.as_ptr(), a.envp.as_ptr()) };
+    fail(a.start_fd, StartFailure::exec_failed(errno()))
+}
+
+/// The unit's init after the command was forked: forward every signal to the command,
+/// reap every child, and when the command ended report its wait status and exit (which
+/// kills whatever is left in the pid namespace).
+fn supervise(status_fd: RawFd, command: libc::pid_t) -> ! {
+    // Init holds nothing but the status pipe (the start pipe closes here: once the command
+    // has exec'd too, wardend reads EOF).
+    if status_fd > 0 {
+        let _ = close_range(0, (status_fd - 1) as u32, 0);
+    }
+    let _ = close_range(status_fd as u32 + 1, u32::MAX, 0);
+    let all = full_sigset();
+    loop {
+        // SAFETY: `all` is an initialised sigset on our stack; no siginfo is requested.
+        let sig = unsafe { libc::sigwaitinfo(&all, std::ptr::null_mut()) };
+        if sig == libc::SIGCHLD {
+            reap(status_fd, command);
+        } else if sig > 0 {
+            // SAFETY: kill with plain integers.
+            unsafe { libc::kill(command, sig) };
+        }
+    }
+}
+
+fn reap(status_fd: RawFd, command: libc::pid_t) {
+    loop {
+        let mut status = 0;
+        // SAFETY: `status` is a valid int on our stack.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid <= 0 {
+            return;
+        }
+        if pid == command {
+            write_all(status_fd, &CommandStatus(status).encode());
+            // SAFETY: _exit ends the process; nothing to unwind.
+            unsafe { libc::_exit(0) };
+        }
+    }
+}
+
+/// Report `failure` on the start pipe and exit.
+fn fail(start_fd: RawFd, failure: StartFailure) -> ! {
+    write_all(start_fd, &failure.encode());
+    // SAFETY: _exit ends the process; nothing to unwind.
+    unsafe { libc::_exit(127) }
+}
+
+fn write_all(fd: RawFd, mut buf: &[u8]) {
+    while !buf.is_empty() {
+        // SAFETY: `buf` is a valid slice for its length.
+        let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+        if n < 0 && errno() == libc::EINTR {
+            continue;
+        }
+        if n <= 0 {
+            return;
+        }
+        buf = buf.get(n as usize..).unwrap_or_default();
+    }
+}
+
+fn reset_signal_dispositions() {
+    for sig in 1..=64 {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            // SAFETY: setting SIG_DFL involves no handler code; invalid numbers (glibc's
+            // reserved ones) just fail with EINVAL.
+            unsafe { libc::signal(sig, libc::SIG_DFL) };
+        }
+    }
+}
+
+fn join_v1_cgroups(procs: &[RawFd]) -> Result<(), StartFailure> {
+    for &fd in procs {
+        // "0" is the writer itself.
+        // SAFETY: a two-byte literal.
+        if unsafe { libc::write(fd, c"0".as_ptr().cast(), 1) } != 1 {
+            return Err(StartFailure::setup_failed(Step::JoinCgroup, errno()));
+        }
+    }
+    Ok(())
+}
+
+fn set_hostname(name: &CStr) -> Result<(), StartFailure> {
+    // SAFETY: a valid C string and its length.
+    let r = unsafe { libc::sethostname(name.as_ptr(), name.to_bytes().len()) };
+    ok(r, Step::Hostname)
+}
+
+/// `struct ifreq` with the flags member of its union (40 bytes on 64-bit).
+#[repr(C)]
+struct IfReqFlags {
+    name: [u8; libc::IFNAMSIZ],
+    flags: libc::c_short,
+    pad: [u8; 22],
+}
+
+fn loopback_up() -> Result<(), StartFailure> {
+    // SAFETY: socket with plain integers.
+    let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    ok(sock, Step::Loopback)?;
+    let mut req = IfReqFlags {
+        name: [0; libc::IFNAMSIZ],
+        flags: 0,
+        pad: [0; 22],
+    };
+    req.name[0] = b'l';
+    req.name[1] = b'o';
+    // SAFETY: `req` is an ifreq-sized struct on our stack, read and written by the kernel.
+    let r = unsafe { libc::ioctl(sock, libc::SIOCGIFFLAGS, &mut req as *mut IfReqFlags) };
+    let r = if r < 0 {
+        r
+    } else {
+        req.flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        // SAFETY: as above.
+        unsafe { libc::ioctl(sock, libc::SIOCSIFFLAGS, &req as *const IfReqFlags) }
+    };
+    let e = errno();
+    // SAFETY: our socket, closed once.
+    unsafe { libc::close(sock) };
+    if r < 0 {
+        return Err(StartFailure::setup_failed(Step::Loopback, e));
+    }
+    Ok(())
+}
+
+fn enter_cwd(cwd_fd: RawFd, cwd_path: &CStr) -> Result<(), StartFailure> {
+    // SAFETY: a valid C string.
+    ok(unsafe { libc::chdir(cwd_path.as_ptr()) }, Step::Chdir)?;
+    // SAFETY: zeroed stat structs are valid; fstat/stat fill them.
+    let (mut passed, mut here): (libc::stat, libc::stat) =
+        unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    // SAFETY: valid fd number (or EBADF) and a stat struct on our stack.
+    ok(unsafe { libc::fstat(cwd_fd, &mut passed) }, Step::Chdir)?;
+    // SAFETY: a C string literal and a stat struct on our stack.
+    ok(unsafe { libc::stat(c".".as_ptr(), &mut here) }, Step::Chdir)?;
+    if (passed.st_dev, passed.st_ino) != (here.st_dev, here.st_ino) {
+        return Err(StartFailure::setup_failed(Step::CwdMismatch, libc::ESTALE));
+    }
+    Ok(())
+}
+
+fn drop_privileges(
+    groups: &[libc::gid_t],
+    gid: libc::gid_t,
+    uid: libc::uid_t,
+) -> Result<(), StartFailure> {
+    // Raw syscalls: glibc's wrappers would try to change every thread of the parent's.
+    // SAFETY: `groups` is a valid slice of gid_t for its length.
+    let r = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
+    ok(r as i32, Step::Setgroups)?;
+    // SAFETY: plain integers.
+    let r = unsafe { libc::syscall(libc::SYS_setresgid, gid, gid, gid) };
+    ok(r as i32, Step::Setgid)?;
+    // SAFETY: plain integers.
+    let r = unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, uid) };
+    ok(r as i32, Step::Setuid)
+}
+
+fn set_no_new_privs() -> Result<(), StartFailure> {
+    // SAFETY: prctl with plain integers.
+    ok(
+        unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) },
+        Step::NoNewPrivs,
+    )
+}
+
+fn set_not_dumpable() {
+    // SAFETY: prctl with plain integers.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+}
+
+fn fork_command(a: &ChildArgs<'_>) -> Result<libc::pid_t, StartFailure> {
+    // A raw fork: glibc's fork() would run atfork handlers and take locks of the parent's
+    // threads.
+    // SAFETY: clone with SIGCHLD and no stack is fork; the child only runs `command`, which
+    // keeps to async-signal-safe calls and ends in execve or _exit.
+    let pid = unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD, 0, 0, 0, 0) };
+    match pid {
+        -1 => Err(StartFailure::setup_failed(Step::Fork, errno())),
+        0 => command(a),
+        pid => Ok(pid as libc::pid_t),
+    }
+}
+
+fn setup_stdio(stdio: [RawFd; 3], dev_null: &CStr) -> Result<(), i32> {
+    // First every source to a fresh fd >= 3 (a source may itself be 0, 1 or 2), then dup2 into
+    // place (dup2 clears close-on-exec on the target; the copies go at exec).
+    let mut null = -1;
+    let mut copies = [-1; 3];
+    for (copy, &fd) in copies.iter_mut().zip(stdio.iter()) {
+        let src = if fd >= 0 {
+            fd
+        } else {
+            if null < 0 {
+                // SAFETY: a valid C string.
+                null = unsafe { libc::open(dev_null.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+                if null < 0 {
+                    return Err(errno());
+                }
+            }
+            null
+        };
+        // SAFETY: fcntl on an fd number; failure is reported.
+        *copy = unsafe { libc::fcntl(src, libc::F_DUPFD_CLOEXEC, 3) };
+        if *copy < 0 {
+            return Err(errno());
+        }
+    }
+    for (target, &copy) in copies.iter().enumerate() {
+        // SAFETY: dup2 on fd numbers.
+        if unsafe { libc::dup2(copy, target as RawFd) } < 0 {
+            return Err(errno());
+        }
+    }
+    Ok(())
+}
+
+const CLOSE_RANGE_CLOEXEC: u32 = 1 << 2;
+
+fn close_range(first: u32, last: u32, flags: u32) -> Result<(), i32> {
+    // SAFETY: close_range with plain integers; closing fds we own in this process only.
+    let r = unsafe { libc::syscall(libc::SYS_close_range, first, last, flags) };
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(())
+    }
+}
+
+/// A set of every signal.
+pub fn full_sigset() -> libc::sigset_t {
+    // SAFETY: sigfillset initialises the zeroed set on our stack.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        set
+    }
+}
+
+fn empty_sigset() -> libc::sigset_t {
+    // SAFETY: sigemptyset initialises the zeroed set on our stack.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        set
+    }
+}
+
+/// Set the calling thread's signal mask; returns the old one.
+pub fn set_signal_mask(set: &libc::sigset_t) -> libc::sigset_t {
+    let mut old = empty_sigset();
+    // SAFETY: both sets are valid sigsets on our stack / borrowed.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, set, &mut old) };
+    old
+}
+
+fn ok(ret: i32, step: Step) -> Result<(), StartFailure> {
+    if ret < 0 {
+        Err(StartFailure::setup_failed(step, errno()))
+    } else {
+        Ok(())
+    }
+}
