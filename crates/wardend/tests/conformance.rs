@@ -316,7 +316,12 @@ mod checks {
         h.start_daemon(&[])?;
         // The socket exists only after the cleanup: nothing may be left now.
         assert_eq!(h.units()?, Vec::<String>::new(), "log:\n{}", h.log_text());
-        assert!(h.unit_processes().is_empty());
+        let left: Vec<String> = h
+            .unit_processes()
+            .iter()
+            .map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default())
+            .collect();
+        assert!(left.is_empty(), "processes left: {left:?}");
         assert!(h.log_text().contains("removed orphaned units"));
         Ok(())
     }

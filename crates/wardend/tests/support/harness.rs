@@ -338,6 +338,7 @@ impl Harness {
                 std::fs::read_to_string(format!("/proc/{p}/cgroup"))
                     .is_ok_and(|c| c.contains(&slice))
             })
+            .filter(|p| is_live(*p))
             .collect()
     }
 
@@ -389,6 +390,18 @@ pub fn all_pids() -> Vec<u32> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Whether `pid` is a live process. Zombies are dead and not counted: on these machines
+/// PID 1 does not reap the orphans of a `kill -9`ed daemon.
+pub fn is_live(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = &s[s.rfind(')')? + 1..];
+            rest.split_whitespace().next().map(str::to_string)
+        })
+        .is_some_and(|state| state != "Z" && state != "X")
 }
 
 /// Every descendant of `pid` (children first found by scanning /proc).
