@@ -29,6 +29,7 @@ conformance!(
     cwd_is_the_callers,
     stdin_is_passed,
     argv_is_passed_verbatim,
+    the_unit_is_the_baseline_sandbox,
     signals_to_the_client_reach_the_command,
     socket_is_reachable_only_by_root_and_the_client,
     sigkill_gives_137,
@@ -215,6 +216,52 @@ mod checks {
             "{}",
             text(&out.stderr)
         );
+        Ok(())
+    }
+
+    pub fn the_unit_is_the_baseline_sandbox(kind: Kind) -> Result<()> {
+        let Some(h) = harness(kind, &[])? else {
+            return Ok(());
+        };
+        let run = |script: &str| -> Result<(Option<i32>, String)> {
+            let out = h.run(&["sh", "-c", script])?;
+            Ok((out.status.code(), text(&out.stdout) + &text(&out.stderr)))
+        };
+        assert_eq!(run("id -u; id -g")?, (Some(0), "65534\n65534\n".into()));
+        assert_eq!(
+            run("grep NoNewPrivs /proc/self/status")?,
+            (Some(0), "NoNewPrivs:\t1\n".into())
+        );
+        // Writes: the system fails, /tmp is private and writable, the cwd is writable.
+        let (code, _) = run("echo x > /etc/warden-escape")?;
+        assert_ne!(code, Some(0));
+        assert!(!h
+            .host_path(std::path::Path::new("/etc/warden-escape"))
+            .exists());
+        let (code, _) = run("echo x > /usr/warden-escape")?;
+        assert_ne!(code, Some(0));
+        assert_eq!(
+            run("echo x > /tmp/t && cat /tmp/t && echo y > here && cat here")?,
+            (Some(0), "x\ny\n".into())
+        );
+        // wardend's socket is not visible; no descriptor beyond 0, 1, 2 is open
+        // (3 is the directory `ls` itself reads).
+        let sock = h.socket.display().to_string();
+        let (code, said) = run(&format!("ls -la {sock}"))?;
+        assert_ne!(code, Some(0), "socket visible: {said}");
+        assert_eq!(
+            run("ls /proc/self/fd | tr '\\n' ' '")?,
+            (Some(0), "0 1 2 3 ".into())
+        );
+        if kind == Kind::Native {
+            // Its own pid namespace: only the unit's processes (init, sh, ps).
+            let (code, said) = run("ps -e -o pid= | wc -l")?;
+            assert_eq!(
+                (code, said.trim()),
+                (Some(0), "4"),
+                "ps sees more than the unit"
+            );
+        }
         Ok(())
     }
 
