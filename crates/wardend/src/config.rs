@@ -241,7 +241,7 @@ impl Config {
                 .unwrap_or_else(|| "warden".into()),
             socket_buffer_size: file.socket_buffer_size.unwrap_or(256 * 1024),
             origin_window: file.origin_window.unwrap_or(Duration::from_secs(1)),
-            origin_max_per_window: file.origin_max_per_window.unwrap_or(64),
+            origin_max_per_window: file.origin_max_per_window.unwrap_or(1024),
             profiles,
         };
         cfg.validate()?;

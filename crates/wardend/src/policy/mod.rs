@@ -42,6 +42,9 @@ pub enum PolicyError {
     /// The cwd's path does not lead back to the same directory.
     #[error("working directory {0} cannot be reached by path")]
     CwdUnreachable(PathBuf),
+    /// The cwd is inside a path every unit has hidden.
+    #[error("refused: working directory {0} is inside a hidden path")]
+    CwdHidden(PathBuf),
     /// The command does not exist.
     #[error("{0}: command not found")]
     NotFound(String),
@@ -65,7 +68,9 @@ impl PolicyError {
         let code = match self {
             PolicyError::NotFound(_) => ErrorCode::NotFound,
             PolicyError::NotExecutable(_) => ErrorCode::NotExecutable,
-            PolicyError::Pty | PolicyError::Profile(_) => ErrorCode::Refused,
+            PolicyError::Pty | PolicyError::Profile(_) | PolicyError::CwdHidden(_) => {
+                ErrorCode::Refused
+            }
             PolicyError::Io(_) | PolicyError::CwdUnreachable(_) => ErrorCode::Internal,
             _ => ErrorCode::Protocol,
         };
@@ -114,6 +119,9 @@ pub fn build(
         &[&ceiling.env_deny, &profile.env_deny],
     );
     let fs = fs_view(&profile, settings, account);
+    if fs.hidden.iter().any(|h| cwd_path.starts_with(h)) {
+        return Err(PolicyError::CwdHidden(cwd_path));
+    }
     Ok(UnitSpec {
         name,
         argv: req.argv,
