@@ -348,6 +348,53 @@ mod checks {
                 describe(&out)
             );
         }
+        // Nor by running the command with the hidden directory (or its parent) as cwd.
+        let ssh = h.client.home.join(".ssh").display().to_string();
+        let home = h.client.home.display().to_string();
+        let warden = bin("warden").display().to_string();
+        for (cwd, path) in [
+            (ssh.as_str(), "id_ed25519"),
+            (home.as_str(), ".ssh/id_ed25519"),
+        ] {
+            let out = h
+                .as_client(&["env", "-C", cwd, &warden, "run", "--", "cat", path], &[])
+                .output()?;
+            assert!(
+                !text(&out.stdout).contains(secret) && !text(&out.stderr).contains(secret),
+                "cwd {cwd}: the key leaked: {}",
+                describe(&out)
+            );
+            assert_ne!(out.status.code(), Some(0), "cwd {cwd}: {}", describe(&out));
+        }
+        // Through the root of a same-uid process outside the unit (here another client):
+        // /proc/PID/root is that process's view of the filesystem, not the unit's.
+        let (target, _unit) = spawn_unit(&h, &["--", "sleep", "30"], &[])?;
+        let pid = inner_pid(target.client_pid().ok_or("client process not found")?)?;
+        let root = format!("/proc/{pid}/root{}", h.client.home.display());
+        let read = sh(&h, &[], &format!("cat '{root}/.ssh/id_ed25519'"))?;
+        let write = sh(&h, &[], &format!("echo x > '{root}/via-proc-root'"))?;
+        let leaked = text(&read.stdout).contains(secret);
+        let wrote = h.host_path(&h.client.home.join("via-proc-root")).exists();
+        drop(target);
+        match kind {
+            Kind::Native => {
+                assert!(!leaked, "read through {root}: {}", describe(&read));
+                assert!(!wrote, "wrote through {root}: {}", describe(&write));
+            }
+            Kind::Systemd => {
+                // UNMET on systemd 252, NOT asserted: /proc/PID/root of a same-uid,
+                // dumpable process outside the unit (the client, the agent) passes the
+                // kernel's ptrace-mode check, so it bypasses InaccessiblePaths and
+                // ProtectSystem alike. No systemd 252 property closes it (ProtectProc
+                // hides other uids only; seccomp cannot stop an open). See issue 4's
+                // escape-suite report: Landlock scoping in an in-unit exec shim, or a PID
+                // namespace.
+                eprintln!(
+                    "systemd 252, /proc/PID/root of the client (unmet part): read leaked \
+                     the key: {leaked}, write landed: {wrote}"
+                );
+            }
+        }
         Ok(())
     }
 
