@@ -600,8 +600,10 @@ for k in kids:
             }
             Kind::Systemd => {
                 // In the test container the pids controller is NOT enforcing: the host
-                // uses cgroup v1 (hybrid), and systemd-nspawn gives the container only its
-                // name=systemd hierarchy, so the bomb reached its own cap of 200 children
+                // uses cgroup v1 (hybrid), and systemd-nspawn mounts the v1 controller
+                // hierarchies (pids, memory, cpu, ...) read-only in the container — only
+                // name=systemd and the empty unified one are writable — so the unit gets no
+                // pids cgroup of its own, and the bomb reached its own cap of 200 children
                 // under TasksMax=32 when this was written. The strongest true claim here
                 // is the unit property (checked above) plus wardend staying responsive
                 // (below); enforcement is checked on the native backend. Should a future
