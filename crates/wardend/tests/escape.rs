@@ -38,6 +38,7 @@ macro_rules! escape {
 escape!(
     writes_outside_the_cwd_and_allowed_paths_fail,
     hidden_ssh_key_cannot_be_read,
+    user_runtime_dir_sockets_are_unreachable,
     network_none_refuses_inet,
     network_loopback_is_private,
     network_online_reaches_the_host,
@@ -183,6 +184,20 @@ fn inner_pid(pid: u32) -> Result<u32> {
         .last()
         .ok_or("empty NSpid line")?
         .parse()?)
+}
+
+/// A helper process the test started (with whatever nsenter/setpriv put before it);
+/// on drop it and every descendant is killed, by PID, and reaped.
+struct Listener(Child);
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        for pid in descendants(self.0.id()) {
+            let _ = kill(pid, libc::SIGKILL);
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// A TCP listener on the host's 127.0.0.1 that greets every connection; stopped on drop.
@@ -394,6 +409,86 @@ mod checks {
                      the key: {leaked}, write landed: {wrote}"
                 );
             }
+        }
+        Ok(())
+    }
+
+    pub fn user_runtime_dir_sockets_are_unreachable(kind: Kind) -> Result<()> {
+        let Some(h) = harness(kind, with_home())? else {
+            return Ok(());
+        };
+        // The client's /run/user/UID holds its session bus, `systemd --user`'s private
+        // socket, the gpg and ssh agents... A command that reaches the bus or the user
+        // manager runs `systemd-run --user` outside any sandbox. A read-only mount does not
+        // stop connect(2): the directory must be hidden.
+        let dir = format!("/run/user/{}", h.client.uid);
+        let owner = format!("{}:{}", h.client.uid, h.client.gid);
+        let created = !h.host_path(std::path::Path::new(&dir)).exists();
+        h.exec_root(&["mkdir", "-p", &dir])?;
+        h.exec_root(&["chown", &owner, &dir])?;
+        h.exec_root(&["chmod", "700", &dir])?;
+        let sock = format!("{dir}/warden-escape-{}.sock", h.prefix);
+        let server = r#"
+import os, socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen(8)
+s.settimeout(0.2)
+print("listening", flush=True)
+end = time.time() + 20
+while time.time() < end:
+    try:
+        c, _ = s.accept()
+        c.sendall(b"session-bus")
+        c.close()
+    except OSError:
+        pass
+"#;
+        let mut listener = Listener(
+            h.as_client(&["python3", "-c", server, &sock], &[])
+                .stdout(Stdio::piped())
+                .spawn()?,
+        );
+        let mut line = String::new();
+        BufReader::new(listener.0.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
+        assert_eq!(
+            line,
+            "listening
+"
+        );
+        let client = r#"
+import socket, sys
+try:
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sys.argv[1])
+    print("got:" + s.recv(100).decode())
+except OSError as e:
+    print("connect failed:", e, file=sys.stderr)
+    sys.exit(3)
+"#;
+        // Reachable outside a unit.
+        let control = h
+            .as_client(&["python3", "-c", client, &sock], &[])
+            .output()?;
+        assert_eq!(
+            text(&control.stdout),
+            "got:session-bus\n",
+            "control: {}",
+            describe(&control)
+        );
+        for flags in [&[][..], &["--profile", "online"][..]] {
+            let out = py(&h, flags, client, &[&sock])?;
+            assert!(
+                !text(&out.stdout).contains("session-bus"),
+                "{flags:?}: {}",
+                describe(&out)
+            );
+            assert_eq!(out.status.code(), Some(3), "{flags:?}: {}", describe(&out));
+        }
+        drop(listener);
+        let _ = h.exec_root(&["rm", "-f", &sock]);
+        if created {
+            let _ = h.exec_root(&["rmdir", &dir]);
         }
         Ok(())
     }
