@@ -760,6 +760,25 @@ for k in kids:
         assert_eq!(out.status.code(), Some(124), "{}", describe(&out));
         assert!(took >= Duration::from_millis(900), "ended after {took:?}");
         assert!(took < Duration::from_secs(2), "ended after {took:?}");
+        // A command that ignores SIGTERM (and whose children inherit that) is stopped too.
+        let t0 = Instant::now();
+        let out = run(
+            &h,
+            &[
+                "--timeout",
+                "1s",
+                "--",
+                "sh",
+                "-c",
+                "trap '' TERM; sleep 10",
+            ],
+        )?;
+        let took = t0.elapsed();
+        assert_eq!(out.status.code(), Some(124), "{}", describe(&out));
+        assert!(
+            took < Duration::from_secs(3),
+            "SIGTERM ignored: ended after {took:?}"
+        );
         Ok(())
     }
 

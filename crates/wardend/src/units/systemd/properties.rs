@@ -19,6 +19,10 @@ pub(super) const DENIED_SYSCALLS: [&str; 4] = [
     "pidfd_getfd",
 ];
 
+/// How long a stopped unit (wall-time limit, client gone, shutdown) has between SIGTERM and
+/// SIGKILL.
+pub(super) const STOP_GRACE_USEC: u64 = 500_000;
+
 /// One property: name and value.
 pub(super) type Property<'a> = (&'static str, Variant<'a>);
 
@@ -87,6 +91,10 @@ pub(super) fn transient_properties<'a>(
             ),
         ),
         ("KillMode", Variant::from("control-group")),
+        // SIGTERM, then SIGKILL for whatever is left after this grace period. systemd's
+        // default is 90 s, so a command that ignores SIGTERM outlived its wall-time limit
+        // (and a stop) by up to 90 s.
+        ("TimeoutStopUSec", Variant::from(STOP_GRACE_USEC)),
         // So that the exit report has the unit's CPU time (and peak memory where systemd
         // reports it).
         ("CPUAccounting", Variant::from(true)),
@@ -303,6 +311,7 @@ mod tests {
             )]))
         );
         assert_eq!(get("PrivateIPC"), Some(Variant::from(true)));
+        assert_eq!(get("TimeoutStopUSec"), Some(Variant::from(500_000u64)));
         assert_eq!(get("ProtectProc"), Some(Variant::from("invisible")));
         assert_eq!(
             get("SystemCallFilter"),
