@@ -104,39 +104,56 @@ fn describe(out: &Output) -> String {
 /// A `warden` client in the background; on drop its `warden` process is killed (by PID,
 /// ours) and reaped.
 struct Background {
-    child: Child,
+    child: Option<Child>,
 }
 
 impl Background {
+    fn child(&mut self) -> Result<&mut Child> {
+        Ok(self.child.as_mut().ok_or("already waited for")?)
+    }
+
     /// The PID (on the host) of the `warden` process (nsenter/setpriv/env come first).
     fn client_pid(&self) -> Option<u32> {
         let warden = bin("warden");
-        std::iter::once(self.child.id())
-            .chain(descendants(self.child.id()))
+        let top = self.child.as_ref()?.id();
+        std::iter::once(top)
+            .chain(descendants(top))
             .find(|p| std::fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|e| e == warden))
     }
 
     fn wait(mut self) -> Result<Output> {
-        let child = std::mem::replace(
-            &mut self.child,
-            // A placeholder that is never waited for: `true` exits at once.
-            std::process::Command::new("true").spawn()?,
-        );
-        let out = child.wait_with_output()?;
-        let _ = self.child.wait();
-        Ok(out)
+        let child = self.child.take().ok_or("already waited for")?;
+        Ok(child.wait_with_output()?)
     }
 }
 
 impl Drop for Background {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            if let Some(pid) = self.client_pid() {
-                let _ = kill(pid, libc::SIGKILL);
+        let pid = self.client_pid();
+        if let Some(child) = self.child.as_mut() {
+            if let Ok(None) = child.try_wait() {
+                if let Some(pid) = pid {
+                    let _ = kill(pid, libc::SIGKILL);
+                }
+                let _ = child.kill();
             }
-            let _ = self.child.kill();
+            let _ = child.wait();
         }
-        let _ = self.child.wait();
+    }
+}
+
+/// Root commands (where the daemon runs) that undo what a test set up, run on drop.
+struct Undo<'h> {
+    h: &'h Harness,
+    steps: Vec<Vec<String>>,
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        for step in &self.steps {
+            let argv: Vec<&str> = step.iter().map(String::as_str).collect();
+            let _ = self.h.exec_root(&argv);
+        }
     }
 }
 
@@ -147,11 +164,12 @@ fn spawn_unit(h: &Harness, args: &[&str], env: &[&str]) -> Result<(Background, S
     let mut a = vec!["run"];
     a.extend_from_slice(args);
     let bg = Background {
-        child: h
-            .warden_client(&a, env)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?,
+        child: Some(
+            h.warden_client(&a, env)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()?,
+        ),
     };
     let mut unit = None;
     Harness::wait_for(Duration::from_secs(10), || {
@@ -423,11 +441,17 @@ mod checks {
         // stop connect(2): the directory must be hidden.
         let dir = format!("/run/user/{}", h.client.uid);
         let owner = format!("{}:{}", h.client.uid, h.client.gid);
-        let created = !h.host_path(std::path::Path::new(&dir)).exists();
+        let sock = format!("{dir}/warden-escape-{}.sock", h.prefix);
+        let mut undo = Undo {
+            h: &h,
+            steps: vec![vec!["rm".into(), "-f".into(), sock.clone()]],
+        };
+        if !h.host_path(std::path::Path::new(&dir)).exists() {
+            undo.steps.push(vec!["rmdir".into(), dir.clone()]);
+        }
         h.exec_root(&["mkdir", "-p", &dir])?;
         h.exec_root(&["chown", &owner, &dir])?;
         h.exec_root(&["chmod", "700", &dir])?;
-        let sock = format!("{dir}/warden-escape-{}.sock", h.prefix);
         let server = r#"
 import os, socket, sys, time
 s = socket.socket(socket.AF_UNIX)
@@ -486,10 +510,7 @@ except OSError as e:
             assert_eq!(out.status.code(), Some(3), "{flags:?}: {}", describe(&out));
         }
         drop(listener);
-        let _ = h.exec_root(&["rm", "-f", &sock]);
-        if created {
-            let _ = h.exec_root(&["rmdir", &dir]);
-        }
+        drop(undo);
         Ok(())
     }
 
@@ -611,7 +632,7 @@ except OSError as e:
         )?;
         let mut bg = bg;
         let mut line = String::new();
-        BufReader::new(bg.child.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
+        BufReader::new(bg.child()?.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
         let inner_port: u16 = line.trim().parse()?;
         let reached = std::net::TcpStream::connect_timeout(
             &std::net::SocketAddr::from(([127, 0, 0, 1], inner_port)),
@@ -680,7 +701,7 @@ for k in kids:
             assert_eq!(unit_property(&h, &unit, "TasksMax")?, "32");
         }
         let mut line = String::new();
-        BufReader::new(bg.child.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
+        BufReader::new(bg.child()?.stdout.take().ok_or("no stdout")?).read_line(&mut line)?;
         let (count, why) = line
             .trim()
             .split_once(' ')
@@ -714,7 +735,7 @@ for k in kids:
         assert_eq!(text(&other.stdout), "alive\n", "{}", describe(&other));
         assert!(t0.elapsed() < Duration::from_secs(10));
         assert!(
-            bg.child.try_wait()?.is_none(),
+            bg.child()?.try_wait()?.is_none(),
             "the bomb ended before the other client was served"
         );
         let out = bg.wait()?;
