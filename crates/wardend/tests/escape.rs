@@ -449,6 +449,9 @@ mod checks {
         if !h.host_path(std::path::Path::new(&dir)).exists() {
             undo.steps.push(vec!["rmdir".into(), dir.clone()]);
         }
+        if !h.host_path(std::path::Path::new("/run/user")).exists() {
+            undo.steps.push(vec!["rmdir".into(), "/run/user".into()]);
+        }
         h.exec_root(&["mkdir", "-p", &dir])?;
         h.exec_root(&["chown", &owner, &dir])?;
         h.exec_root(&["chmod", "700", &dir])?;
