@@ -163,6 +163,10 @@ fn fs_view(profile: &Profile, settings: &Settings, account: &Account) -> FsView 
         .chain(profile.hidden.iter().cloned())
         .collect::<Vec<_>>();
     let mut hidden: Vec<PathBuf> = hidden_names.iter().filter_map(resolve).collect();
+    // The client's runtime directory: its session bus and `systemd --user`'s socket (either
+    // one runs commands outside any sandbox), the gpg and ssh agents. A read-only mount
+    // does not stop connect(2), so it is hidden, not just read-only.
+    hidden.extend(resolve(&format!("/run/user/{}", account.uid)));
     hidden.push(settings.socket_dir.clone());
     FsView {
         writable: profile.writable.iter().filter_map(resolve).collect(),

@@ -102,6 +102,11 @@ pub struct SystemdContainer {
 impl SystemdContainer {
     /// Boot a container and wait until its systemd answers on its private socket.
     pub fn boot() -> Result<Self, BootError> {
+        Self::boot_with(&[])
+    }
+
+    /// [`Self::boot`] with extra `systemd-nspawn` arguments (e.g. `--capability=...`).
+    pub fn boot_with(nspawn_args: &[&str]) -> Result<Self, BootError> {
         if let Some(missing) = missing_requirement() {
             return Err(BootError(missing));
         }
@@ -138,7 +143,7 @@ impl SystemdContainer {
                 return Err(BootError(format!("creating the console log: {e}")));
             }
         };
-        let nspawn = match spawn_nspawn(&root, &units, &machine, log) {
+        let nspawn = match spawn_nspawn(&root, &units, &machine, log, nspawn_args) {
             Ok(child) => child,
             Err(e) => {
                 remove_dirs(&dir);
@@ -275,9 +280,17 @@ impl SystemdContainer {
 }
 
 /// `unshare --mount --propagation private` → bind `/` onto `root` → exec `systemd-nspawn`.
-fn spawn_nspawn(root: &Path, units: &Path, machine: &str, log: fs::File) -> io::Result<Child> {
-    let script = r#"mount --bind / "$1" && exec systemd-nspawn -D "$1" -M "$2" --volatile=overlay \
-        --register=no --keep-unit -q --bind-ro="$3":/etc/systemd/system -b -- --unit="$4""#;
+fn spawn_nspawn(
+    root: &Path,
+    units: &Path,
+    machine: &str,
+    log: fs::File,
+    extra: &[&str],
+) -> io::Result<Child> {
+    // $1..$4 as named below; "$@" after `shift 4`: the extra nspawn arguments.
+    let script = r#"r=$1 m=$2 u=$3 t=$4; shift 4; mount --bind / "$r" && exec systemd-nspawn \
+        -D "$r" -M "$m" --volatile=overlay --register=no --keep-unit -q \
+        --bind-ro="$u":/etc/systemd/system "$@" -b -- --unit="$t""#;
     let mut cmd = Command::new("unshare");
     cmd.args([
         "--mount",
@@ -293,6 +306,7 @@ fn spawn_nspawn(root: &Path, units: &Path, machine: &str, log: fs::File) -> io::
     .arg(machine)
     .arg(units)
     .arg(TARGET)
+    .args(extra)
     .stdin(Stdio::null())
     .stdout(log.try_clone()?)
     .stderr(log);

@@ -84,23 +84,80 @@ pub struct Harness {
     scratch: tempfile::TempDir,
     daemon: Option<Child>,
     container: Option<SystemdContainer>,
+    /// The client account wardend serves and clients run as (`nobody` unless a test made
+    /// a throwaway account with [`Options::client_home`]).
+    pub client: ClientAccount,
+    /// The config file passed with `--config`, as the daemon sees it.
+    pub config: Option<PathBuf>,
 }
+
+/// The account that plays the agent.
+#[derive(Debug, Clone)]
+pub struct ClientAccount {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    /// Its home as the daemon sees it.
+    pub home: PathBuf,
+    /// Whether the harness created it (and so removes it on the host in Drop).
+    created: bool,
+}
+
+impl ClientAccount {
+    fn nobody() -> Self {
+        Self {
+            name: "nobody".into(),
+            uid: 65534,
+            gid: 65534,
+            home: PathBuf::from("/nonexistent"),
+            created: false,
+        }
+    }
+}
+
+/// What [`Harness::start_with`] sets up besides what [`Harness::start`] does.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// A config file for wardend (`--config`).
+    pub config_toml: Option<String>,
+    /// Serve a throwaway account with a home (`/srv/<prefix>-home`, not under /tmp, which
+    /// units get privately) holding `~/.ssh/id_ed25519` (mode 600) and `~/.cache/`,
+    /// instead of `nobody`.
+    pub client_home: bool,
+    /// systemd only: give the container's systemd CAP_NET_ADMIN, which systemd-nspawn drops
+    /// by default when the container shares the host's network. Without it the container's
+    /// systemd cannot bring `lo` up in a unit's PrivateNetwork namespace (a systemd on a
+    /// real host can), so a loopback unit would have no working loopback at all. The
+    /// container boots only an empty target: nothing in it configures the network.
+    pub container_net_admin: bool,
+}
+
+/// The fake private key written into a throwaway client's `~/.ssh/id_ed25519`.
+pub const FAKE_KEY: &str = "-----BEGIN OPENSSH PRIVATE KEY-----\nwarden-escape-suite-fake-key-5f3a9c\n-----END OPENSSH PRIVATE KEY-----\n";
 
 impl Harness {
     /// Boot what `kind` needs and start wardend with `extra` flags.
     pub fn start(kind: Kind, extra: &[&str]) -> Result<Self> {
+        Self::start_with(kind, extra, Options::default())
+    }
+
+    /// [`Harness::start`], plus what `opts` asks for: a config file, a client with a home.
+    pub fn start_with(kind: Kind, extra: &[&str], opts: Options) -> Result<Self> {
         let scratch = tempfile::Builder::new().prefix("wtest").tempdir()?;
         std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o755))?;
         let prefix = format!("wt{}", random_hex(4));
         let container = match kind {
             Kind::Native => None,
+            Kind::Systemd if opts.container_net_admin => Some(SystemdContainer::boot_with(&[
+                "--capability=CAP_NET_ADMIN",
+            ])?),
             Kind::Systemd => Some(SystemdContainer::boot()?),
         };
         // The systemd units run with PrivateTmp, which would hide a cwd under /tmp; the
         // container's /srv is on its overlay and is a fine home for the workdir.
         let workdir = match kind {
-            Kind::Native => scratch.path().join("work"),
-            Kind::Systemd => PathBuf::from(format!("/srv/{prefix}")),
+            Kind::Native if !opts.client_home => scratch.path().join("work"),
+            _ => PathBuf::from(format!("/srv/{prefix}")),
         };
         let socket = match kind {
             Kind::Native => scratch.path().join("run/warden.sock"),
@@ -115,12 +172,154 @@ impl Harness {
             scratch,
             daemon: None,
             container,
+            client: ClientAccount::nobody(),
+            config: None,
         };
         let wd = h.workdir.display().to_string();
         h.exec_root(&["mkdir", "-p", &wd])?;
-        h.exec_root(&["chown", "nobody:nogroup", &wd])?;
+        if opts.client_home {
+            // From here on Drop removes the account, its home and the workdir.
+            h.client.created = true;
+            h.make_client_account()?;
+        }
+        let owner = format!("{}:{}", h.client.uid, h.client.gid);
+        h.exec_root(&["chown", &owner, &wd])?;
+        if let Some(text) = &opts.config_toml {
+            let inside = match kind {
+                Kind::Native => h.scratch.path().join("warden.toml"),
+                Kind::Systemd => PathBuf::from(format!("/srv/{}-warden.toml", h.prefix)),
+            };
+            std::fs::write(h.host_path(&inside), text)?;
+            h.config = Some(inside);
+        }
         h.start_daemon(extra)?;
         Ok(h)
+    }
+
+    /// Create `w<prefix>` with home `/srv/<prefix>-home`: `~/.ssh/id_ed25519` (600, a fake
+    /// key), `~/.cache/`, all owned by it.
+    fn make_client_account(&mut self) -> Result<()> {
+        let name = format!("w{}", self.prefix);
+        let home = PathBuf::from(format!("/srv/{}-home", self.prefix));
+        let home_s = home.display().to_string();
+        self.exec_root(&["useradd", "-M", "-d", &home_s, "-s", "/bin/sh", &name])?;
+        let id = |flag: &str| -> Result<u32> {
+            let out = self.exec_root(&["id", flag, &name])?;
+            Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
+        };
+        let (uid, gid) = (id("-u")?, id("-g")?);
+        self.client = ClientAccount {
+            name,
+            uid,
+            gid,
+            home: home.clone(),
+            created: true,
+        };
+        let host_home = self.host_path(&home);
+        std::fs::create_dir_all(host_home.join(".ssh"))?;
+        std::fs::create_dir_all(host_home.join(".cache"))?;
+        let key = host_home.join(".ssh/id_ed25519");
+        std::fs::write(&key, FAKE_KEY)?;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::set_permissions(
+            host_home.join(".ssh"),
+            std::fs::Permissions::from_mode(0o700),
+        )?;
+        std::fs::set_permissions(&host_home, std::fs::Permissions::from_mode(0o755))?;
+        for p in [
+            host_home.clone(),
+            host_home.join(".ssh"),
+            key,
+            host_home.join(".cache"),
+        ] {
+            std::os::unix::fs::chown(&p, Some(uid), Some(gid))?;
+        }
+        Ok(())
+    }
+
+    /// A command run as the client account (nobody or the throwaway one), in the workdir,
+    /// where the daemon runs, with only PATH, HOME, WARDEN_SOCKET and `env` (`K=V`) set.
+    pub fn as_client(&self, argv: &[&str], env: &[&str]) -> Command {
+        let reuid = format!("--reuid={}", self.client.uid);
+        let regid = format!("--regid={}", self.client.gid);
+        let wd = self.workdir.display().to_string();
+        let home = format!("HOME={}", self.client.home.display());
+        let sock = format!("WARDEN_SOCKET={}", self.socket.display());
+        let mut full = vec![
+            "setpriv",
+            reuid.as_str(),
+            regid.as_str(),
+            "--clear-groups",
+            "--",
+            "env",
+            "-C",
+            wd.as_str(),
+            "-i",
+            "PATH=/usr/local/bin:/usr/bin:/bin",
+            home.as_str(),
+            sock.as_str(),
+        ];
+        full.extend_from_slice(env);
+        full.extend_from_slice(argv);
+        let mut c = self.command(&full);
+        c.stdin(Stdio::null());
+        c
+    }
+
+    /// `warden ARGS...` as the client account, with `env` (`K=V`) in its environment.
+    pub fn warden_client(&self, args: &[&str], env: &[&str]) -> Command {
+        let w = bin("warden").display().to_string();
+        let mut argv = vec![w.as_str()];
+        argv.extend_from_slice(args);
+        self.as_client(&argv, env)
+    }
+
+    /// Run wardend once more, where the daemon runs, with `--config` text `config_toml` and
+    /// a socket of its own; wait up to 20 s for it to exit (it is killed if it does not).
+    /// Its output, and whether its socket appeared.
+    pub fn run_daemon_with_config(&self, config_toml: &str) -> Result<(Output, bool)> {
+        let tag = random_hex(4);
+        let (config, socket) = match self.kind {
+            Kind::Native => (
+                self.scratch.path().join(format!("bad-{tag}.toml")),
+                self.scratch.path().join(format!("bad-{tag}/warden.sock")),
+            ),
+            Kind::Systemd => (
+                PathBuf::from(format!("/srv/{}-bad-{tag}.toml", self.prefix)),
+                PathBuf::from(format!("/run/{}-bad-{tag}/warden.sock", self.prefix)),
+            ),
+        };
+        std::fs::write(self.host_path(&config), config_toml)?;
+        let wardend = bin("wardend").display().to_string();
+        let (config_s, socket_s) = (config.display().to_string(), socket.display().to_string());
+        let prefix = format!("{}bad", self.prefix);
+        let mut child = self
+            .command(&[
+                &wardend,
+                "--config",
+                &config_s,
+                "--client-user",
+                &self.client.name,
+                "--backend",
+                self.kind.flag(),
+                "--socket",
+                &socket_s,
+                "--unit-prefix",
+                &prefix,
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let exited = Self::wait_for(Duration::from_secs(20), || {
+            child.try_wait().ok().flatten().is_some()
+        });
+        if exited.is_none() {
+            let _ = child.kill();
+        }
+        let out = child.wait_with_output()?;
+        let listened = self.host_path(&socket).exists();
+        Ok((out, listened))
     }
 
     /// Prefix a command so that it runs where the daemon runs.
@@ -234,7 +433,7 @@ impl Harness {
         let mut argv = vec![
             wardend.as_str(),
             "--client-user",
-            "nobody",
+            self.client.name.as_str(),
             "--backend",
             self.kind.flag(),
             "--socket",
@@ -242,6 +441,10 @@ impl Harness {
             "--unit-prefix",
             self.prefix.as_str(),
         ];
+        let config = self.config.as_ref().map(|c| c.display().to_string());
+        if let Some(c) = &config {
+            argv.extend(["--config", c.as_str()]);
+        }
         argv.extend_from_slice(extra);
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -377,6 +580,18 @@ impl Drop for Harness {
         if self.kind == Kind::Native {
             // Remove whatever a failed test left: run a fresh daemon's orphan cleanup.
             cleanup_native_leftovers(&self.prefix);
+            // A throwaway client account lives on the host: remove it, its home and the
+            // workdir made for it (all named by this harness's random prefix). On systemd
+            // they live in the container's overlay and go with it.
+            if self.client.created {
+                let _ = Command::new("userdel")
+                    .arg(format!("w{}", self.prefix))
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+                let _ = std::fs::remove_dir_all(format!("/srv/{}-home", self.prefix));
+                let _ = std::fs::remove_dir_all(format!("/srv/{}", self.prefix));
+            }
         }
         // The container (systemd) takes its units with it when it is dropped.
     }

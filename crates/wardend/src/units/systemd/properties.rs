@@ -11,6 +11,18 @@ use zbus::{Fd, Variant};
 
 use crate::units::UnitSpec;
 
+/// System calls a unit may not make (they would reach same-uid processes outside it).
+pub(super) const DENIED_SYSCALLS: [&str; 4] = [
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "pidfd_getfd",
+];
+
+/// How long a stopped unit (wall-time limit, client gone, shutdown) has between SIGTERM and
+/// SIGKILL.
+pub(super) const STOP_GRACE_USEC: u64 = 500_000;
+
 /// One property: name and value.
 pub(super) type Property<'a> = (&'static str, Variant<'a>);
 
@@ -79,12 +91,39 @@ pub(super) fn transient_properties<'a>(
             ),
         ),
         ("KillMode", Variant::from("control-group")),
+        // SIGTERM, then SIGKILL for whatever is left after this grace period. systemd's
+        // default is 90 s, so a command that ignores SIGTERM outlived its wall-time limit
+        // (and a stop) by up to 90 s.
+        ("TimeoutStopUSec", Variant::from(STOP_GRACE_USEC)),
         // So that the exit report has the unit's CPU time (and peak memory where systemd
         // reports it).
         ("CPUAccounting", Variant::from(true)),
         ("MemoryAccounting", Variant::from(true)),
         ("NoNewPrivileges", Variant::from(true)),
         ("PrivateTmp", Variant::from(true)),
+        // A /dev/shm of its own: the host's is world-writable and outside ProtectSystem's
+        // reach (and PrivateDevices bind-mounts the host's), so a command could otherwise
+        // leave files there that outlive its unit. POSIX shared memory still works inside.
+        (
+            "TemporaryFileSystem",
+            Variant::from(vec![(
+                "/dev/shm".to_string(),
+                "mode=1777,nosuid,nodev".to_string(),
+            )]),
+        ),
+        // An IPC namespace of its own: SysV shared memory, semaphores and message queues
+        // made by the command go with the unit instead of staying on the host.
+        ("PrivateIPC", Variant::from(true)),
+        // Processes of other users (wardend, root's) are not even listed in /proc.
+        ("ProtectProc", Variant::from("invisible")),
+        // No ptrace, process_vm_readv/writev or pidfd_getfd: a unit runs with the client's
+        // uid, and without this it could attach to the client or the agent (same uid,
+        // outside the unit) and run code there, unsandboxed. They fail with EPERM.
+        (
+            "SystemCallFilter",
+            Variant::from((false, DENIED_SYSCALLS.map(str::to_string).to_vec())),
+        ),
+        ("SystemCallErrorNumber", Variant::from(libc::EPERM)),
         ("ProtectSystem", Variant::from("strict")),
         ("ProtectHome", Variant::from("read-only")),
         (
@@ -264,6 +303,29 @@ mod tests {
         );
         assert_eq!(get("NoNewPrivileges"), Some(Variant::from(true)));
         assert_eq!(get("ProtectSystem"), Some(Variant::from("strict")));
+        assert_eq!(
+            get("TemporaryFileSystem"),
+            Some(Variant::from(vec![(
+                "/dev/shm".to_string(),
+                "mode=1777,nosuid,nodev".to_string()
+            )]))
+        );
+        assert_eq!(get("PrivateIPC"), Some(Variant::from(true)));
+        assert_eq!(get("TimeoutStopUSec"), Some(Variant::from(500_000u64)));
+        assert_eq!(get("ProtectProc"), Some(Variant::from("invisible")));
+        assert_eq!(
+            get("SystemCallFilter"),
+            Some(Variant::from((
+                false,
+                vec![
+                    "ptrace".to_string(),
+                    "process_vm_readv".to_string(),
+                    "process_vm_writev".to_string(),
+                    "pidfd_getfd".to_string()
+                ]
+            )))
+        );
+        assert_eq!(get("SystemCallErrorNumber"), Some(Variant::from(1i32)));
         assert_eq!(get("PrivateNetwork"), Some(Variant::from(true)));
         assert_eq!(
             get("RestrictAddressFamilies"),
