@@ -1001,8 +1001,12 @@ print(json.dumps(out, sort_keys=True))
         let get = |who: &str, what: &str| report[who][what].as_str().unwrap_or("?").to_string();
         // The probe works: the command may signal itself.
         assert_eq!(get("self", "kill"), "ok", "{report}");
-        // wardend (root): not even a signal 0.
-        assert_eq!(get("wardend", "kill"), "EPERM", "{report}");
+        // wardend (root): not even a signal 0 (EPERM; ESRCH where its own pid namespace
+        // leaves nothing to name).
+        assert!(
+            ["EPERM", "ESRCH"].contains(&get("wardend", "kill").as_str()),
+            "{report}"
+        );
         assert!(
             ["EPERM", "ESRCH"].contains(&get("wardend", "ptrace").as_str()),
             "{report}"
