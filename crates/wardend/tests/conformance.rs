@@ -377,7 +377,11 @@ mod checks {
         let Some(h) = harness(kind, &[])? else {
             return Ok(());
         };
-        let warden = bin("warden").display().to_string();
+        // The client binary, copied where units can see it (the checkout may be under /tmp,
+        // which is private in units).
+        let copy = h.host_path(&h.workdir).join("warden");
+        std::fs::copy(bin("warden"), &copy)?;
+        let warden = h.workdir.join("warden").display().to_string();
         // From inside a unit the socket is not even visible.
         let out = h.run(&[&warden, "run", "--", "true"])?;
         assert_eq!(out.status.code(), Some(125));
@@ -645,6 +649,30 @@ fn systemd_unit_properties_are_the_baseline_sandbox() -> Result<()> {
         kill(pid, libc::SIGTERM)?;
     }
     let _ = child.wait();
+    Ok(())
+}
+
+#[test]
+fn systemd_refuses_a_cwd_under_tmp_with_a_clear_message() -> Result<()> {
+    let Some(h) = harness(Kind::Systemd, &[])? else {
+        return Ok(());
+    };
+    let dir = format!("/tmp/{}", h.prefix);
+    h.exec_root(&["mkdir", "-p", &dir])?;
+    h.exec_root(&["chown", "nobody:nogroup", &dir])?;
+    let warden = bin("warden").display().to_string();
+    let sock = format!("WARDEN_SOCKET={}", h.socket.display());
+    let out = h
+        .as_nobody(&["env", "-C", &dir, &sock, &warden, "run", "--", "true"])
+        .stdin(Stdio::null())
+        .output()?;
+    assert_eq!(out.status.code(), Some(125));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("{dir} is under /tmp or /var/tmp")),
+        "{err}"
+    );
+    assert!(h.units()?.is_empty());
     Ok(())
 }
 

@@ -34,9 +34,10 @@ type TestResult = Result<(), Box<dyn Error>>;
 /// The uid and gid of `nobody` / `nogroup`, which exist everywhere.
 const NOBODY: u32 = 65534;
 
-/// The cwd every test unit runs in: this crate's directory (visible inside the container).
+/// The cwd every test unit runs in: a directory that exists on the host and in the
+/// container, and is not under /tmp (private in every unit), wherever the checkout is.
 fn cwd() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    PathBuf::from("/srv")
 }
 
 /// A spec running `argv` as nobody, in [`cwd`], with no network and the given stdio.
@@ -436,11 +437,12 @@ async fn host_paths_are_visible_inside() -> TestResult {
         container.exec(&["test", "-x", exe])?.status.success(),
         "{exe} not visible inside"
     );
-    let manifest = cwd().join("Cargo.toml");
+    let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let manifest = crate_dir.join("Cargo.toml");
     let inside = container.exec(&["cat", manifest.to_str().ok_or("not UTF-8")?])?;
     assert_eq!(inside.stdout, std::fs::read(&manifest)?);
     // Writes inside land in the overlay, never on the host.
-    let marker = cwd().join("written-inside-the-container");
+    let marker = crate_dir.join("written-inside-the-container");
     let marker = marker.to_str().ok_or("not UTF-8")?;
     assert!(container.exec(&["touch", marker])?.status.success());
     assert!(container.exec(&["test", "-e", marker])?.status.success());

@@ -287,10 +287,12 @@ fn spawn_nspawn(
     log: fs::File,
     extra: &[&str],
 ) -> io::Result<Child> {
-    // $1..$4 as named below; "$@" after `shift 4`: the extra nspawn arguments.
+    // $1..$4 as named below; "$@" after `shift 4`: the extra nspawn arguments. The host's
+    // /tmp is seen through an overlay too (nspawn would mount an empty tmpfs there), so a
+    // checkout or build under /tmp is visible inside, and writes stay in the container.
     let script = r#"r=$1 m=$2 u=$3 t=$4; shift 4; mount --bind / "$r" && exec systemd-nspawn \
         -D "$r" -M "$m" --volatile=overlay --register=no --keep-unit -q \
-        --bind-ro="$u":/etc/systemd/system "$@" -b -- --unit="$t""#;
+        --bind-ro="$u":/etc/systemd/system --overlay=/tmp::/tmp "$@" -b -- --unit="$t""#;
     let mut cmd = Command::new("unshare");
     cmd.args([
         "--mount",

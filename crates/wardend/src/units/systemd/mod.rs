@@ -150,6 +150,22 @@ impl UnitManager for SystemdManager {
     async fn start(&self, spec: UnitSpec) -> Result<SystemdUnit, UnitError> {
         let name = spec.name.clone();
         let unit = name.as_str();
+        // PrivateTmp gives every unit its own /tmp and /var/tmp, and systemd 252 cannot bind a
+        // directory from the host's into it (the mount point does not exist there): say so
+        // rather than fail with status 200/CHDIR.
+        if let Some(p) = std::iter::once(&spec.cwd_path)
+            .chain(&spec.fs.writable)
+            .find(|p| p.starts_with("/tmp") || p.starts_with("/var/tmp"))
+        {
+            return Err(Self::start_error(
+                unit,
+                format!(
+                    "{} is under /tmp or /var/tmp, which are private in every unit on the \
+                     systemd backend: run from (or make writable) a directory elsewhere",
+                    p.display()
+                ),
+            ));
+        }
         let props = properties::transient_properties(&spec, &self.slice, self.retention)
             .map_err(|e| Self::start_error(unit, e))?;
         let manager = bus::ManagerProxy::new(&self.conn)
