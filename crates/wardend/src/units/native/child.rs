@@ -15,6 +15,7 @@ use std::os::fd::RawFd;
 
 use super::mounts::{self, errno, CompiledOp};
 use super::report::{CommandStatus, StartFailure, Step};
+use super::seccomp::{self, Program};
 
 /// Everything the child needs, prepared before the clone.
 pub struct ChildArgs<'a> {
@@ -50,6 +51,8 @@ pub struct ChildArgs<'a> {
     pub start_fd: RawFd,
     /// Write end of the status pipe.
     pub status_fd: RawFd,
+    /// The command's seccomp program.
+    pub seccomp: &'a Program<'a>,
 }
 
 /// The child's entry point, right after clone3. Signals arrive blocked (the parent blocked
@@ -87,7 +90,8 @@ fn start_sequence(a: &ChildArgs<'_>) -> Result<libc::pid_t, StartFailure> {
     set_no_new_privs()?;
     // The init, as the command's uid, must not be ptrace-able by the command.
     set_not_dumpable();
-    // rlimits would go here (the spec has none yet); seccomp right before exec.
+    // rlimits would go here (the spec has none yet); seccomp right before exec, in the
+    // command (the init stays unfiltered: it only waits, reaps and forwards signals).
     fork_command(a)
 }
 
@@ -104,8 +108,13 @@ fn command(a: &ChildArgs<'_>) -> ! {
     if let Err(e) = close_range(3, u32::MAX, CLOSE_RANGE_CLOEXEC) {
         fail(a.start_fd, StartFailure::setup_failed(Step::CloseFds, e));
     }
-    // Last before exec: dispositions are default already, unblock everything.
+    // Dispositions are default already: unblock everything.
     set_signal_mask(&empty_sigset());
+    // Last before exec: the filter would refuse steps above (setsid aside, nothing here is
+    // denied today, but nothing that runs before exec should depend on that).
+    if let Err(e) = seccomp::apply(a.seccomp) {
+        fail(a.start_fd, StartFailure::setup_failed(Step::Seccomp, e));
+    }
     // SAFETY: exe is a C string; argv and envp are NULL-terminated arrays of C strings, all
     // prepared before the clone and alive in our copy of the parent's memory.
     unsafe { libc::execve(a.exe.as_ptr(), a.argv.as_ptr(), a.envp.as_ptr()) };

@@ -4,6 +4,7 @@
 //!
 //! - [`cgroup`]: the unit's cgroups over v2 and v1 hierarchies (limits, usage, kill, removal).
 //! - [`mounts`]: the filesystem view as a plan of mount operations.
+//! - [`seccomp`]: the command's seccomp filter, built here and applied right before exec.
 //! - `clone`: the clone3 wrapper; `child`: what runs after it; `report`: what the child tells
 //!   us (start failures, the command's wait status).
 //!
@@ -15,6 +16,7 @@ mod child;
 mod clone;
 pub mod mounts;
 mod report;
+pub mod seccomp;
 
 use std::ffi::{c_char, CString};
 use std::io::{self, Read};
@@ -32,6 +34,7 @@ use self::child::ChildArgs;
 use self::clone::Forked;
 use self::mounts::{CompiledOp, HostProbe, MountOp, ViewSpec};
 use self::report::{CommandStatus, StartFailure, Step};
+use self::seccomp::Filter;
 use super::{name, RunningUnit, UnitError, UnitManager, UnitName, UnitSpec};
 
 /// The empty host directory every unit's new root is built on (each unit mounts on it in its
@@ -88,6 +91,9 @@ struct Prepared {
     env: Vec<CString>,
     cwd_path: CString,
     groups: Vec<libc::gid_t>,
+    /// The command's seccomp filter (its `sock_fprog` is made in `spawn`, right before the
+    /// clone: it holds a raw pointer).
+    seccomp: Filter,
 }
 
 impl Prepared {
@@ -124,6 +130,10 @@ impl Prepared {
             cause: e.to_string(),
         };
         let mounts = mounts::compile(mounts::plan(&view, &HostProbe)).map_err(strings)?;
+        let seccomp = Filter::new(spec.network).map_err(|e| UnitError::Start {
+            unit: spec.name.to_string(),
+            cause: e.to_string(),
+        })?;
         Ok(Self {
             _trees: trees,
             mounts,
@@ -142,6 +152,7 @@ impl Prepared {
                 .map_err(strings)?,
             cwd_path: cstring(spec.cwd_path.as_os_str().as_bytes()).map_err(strings)?,
             groups: spec.groups.clone(),
+            seccomp,
         })
     }
 
@@ -232,6 +243,7 @@ fn spawn(spec: &UnitSpec, p: &Prepared, cg: &UnitCgroup) -> Result<Spawned, Unit
     let argv = null_terminated(&p.argv);
     let envp = null_terminated(&p.env);
     let raw = |fd: &Option<OwnedFd>| fd.as_ref().map_or(-1, AsRawFd::as_raw_fd);
+    let seccomp = p.seccomp.program();
     let args = ChildArgs {
         v1_procs: &v1_raw,
         mounts: &p.mounts,
@@ -253,6 +265,7 @@ fn spawn(spec: &UnitSpec, p: &Prepared, cg: &UnitCgroup) -> Result<Spawned, Unit
         envp: &envp,
         start_fd: start_w.as_raw_fd(),
         status_fd: status_w.as_raw_fd(),
+        seccomp: &seccomp,
     };
     let mut namespaces =
         (libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS) as u64;

@@ -39,6 +39,8 @@ pub enum Step {
     CloseFds = 13,
     /// execve(2) itself.
     Exec = 14,
+    /// Installing the seccomp filter.
+    Seccomp = 15,
 }
 
 impl Step {
@@ -59,6 +61,7 @@ impl Step {
             Stdio,
             CloseFds,
             Exec,
+            Seccomp,
         ]
         .into_iter()
         .find(|s| *s as u32 == v)
@@ -81,6 +84,7 @@ impl Step {
             Step::Stdio => "setting up stdio",
             Step::CloseFds => "closing inherited descriptors",
             Step::Exec => "executing",
+            Step::Seccomp => "installing the seccomp filter",
         }
     }
 }
