@@ -760,3 +760,80 @@ async fn cpu_quota_and_limits_are_written_to_the_cgroup() {
     assert_eq!(mem.as_deref(), Some("67108864"));
     unit.stop().await.unwrap();
 }
+
+/// Python probes of the seccomp filter, one line of output each.
+const SECCOMP_PROBE: &str = r#"
+import ctypes, errno, fcntl, os, socket, termios
+def probe(name, f):
+    try:
+        f(); print(name, "ok")
+    except OSError as e:
+        print(name, errno.errorcode.get(e.errno, e.errno))
+libc = ctypes.CDLL(None, use_errno=True)
+def ptrace():
+    if libc.ptrace(0, 0, None, None) != 0:  # PTRACE_TRACEME
+        e = ctypes.get_errno(); raise OSError(e, os.strerror(e))
+def tiocsti():
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSTI, b"x")
+probe("inet", lambda: socket.socket(socket.AF_INET).close())
+probe("inet6", lambda: socket.socket(socket.AF_INET6).close())
+probe("unix", lambda: socket.socket(socket.AF_UNIX).close())
+probe("ptrace", ptrace)
+probe("tiocsti", tiocsti)
+probe("fork", lambda: os.waitpid(os.fork() or os._exit(0), 0))
+"#;
+
+fn probe_lines(o: &str) -> std::collections::HashMap<String, String> {
+    o.lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seccomp_refuses_ip_sockets_without_network_ptrace_and_terminal_injection() {
+    if !root_or_skip("seccomp_refuses_ip_sockets_without_network_ptrace_and_terminal_injection") {
+        return;
+    }
+    let (m, _g, prefix) = manager();
+    for (network, inet) in [(Network::None, "EAFNOSUPPORT"), (Network::Loopback, "ok")] {
+        let d = dirs();
+        let (mut s, out) = spec(&prefix, &["/usr/bin/python3", "-c", SECCOMP_PROBE], &d);
+        s.network = network;
+        let (report, o, e) = run(&m, s, out).await;
+        assert_eq!(report.code, Some(0), "{network:?}: {o} {e}");
+        let p = probe_lines(&o);
+        let get = |k: &str| p.get(k).map(String::as_str);
+        assert_eq!(get("inet"), Some(inet), "{network:?}: {o}");
+        assert_eq!(get("inet6"), Some(inet), "{network:?}: {o}");
+        assert_eq!(get("unix"), Some("ok"), "{network:?}: {o}");
+        assert_eq!(get("ptrace"), Some("EPERM"), "{network:?}: {o}");
+        assert_eq!(get("tiocsti"), Some("EPERM"), "{network:?}: {o}");
+        assert_eq!(get("fork"), Some("ok"), "{network:?}: {o}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seccomp_refuses_namespaces_and_mounts_but_ordinary_commands_work() {
+    if !root_or_skip("seccomp_refuses_namespaces_and_mounts_but_ordinary_commands_work") {
+        return;
+    }
+    let (m, _g, prefix) = manager();
+    let d = dirs();
+    let script = "unshare -U true 2>/dev/null && echo unshare-worked; \
+                  unshare -r -m true 2>/dev/null && echo unshare-root-worked; \
+                  if [ -x /usr/bin/strace ]; then strace -o /dev/null true 2>/dev/null && echo strace-worked; fi; \
+                  ls / >/dev/null && cat /etc/os-release >/dev/null && \
+                  python3 -c 'import os, sys; pid = os.fork(); pid or os._exit(3); sys.exit(os.waitpid(pid, 0)[1] >> 8)'; \
+                  echo fork-exit $?; \
+                  python3 -c 'import threading; t = threading.Thread(target=print, args=(\"thread-ok\",)); t.start(); t.join()'";
+    let (s, out) = spec(&prefix, &["sh", "-c", script], &d);
+    let (report, o, e) = run(&m, s, out).await;
+    assert_eq!(report.code, Some(0), "{report:?} {o} {e}");
+    assert!(!o.contains("worked"), "{o}");
+    assert!(
+        o.contains("fork-exit 3") && o.contains("thread-ok"),
+        "{o} {e}"
+    );
+}

@@ -110,8 +110,8 @@ fn command(a: &ChildArgs<'_>) -> ! {
     }
     // Dispositions are default already: unblock everything.
     set_signal_mask(&empty_sigset());
-    // Last before exec: the filter would refuse steps above (setsid aside, nothing here is
-    // denied today, but nothing that runs before exec should depend on that).
+    // Last before exec, so that no step of the start sequence depends on what the filter
+    // allows (it is inherited by everything the command starts).
     if let Err(e) = seccomp::apply(a.seccomp) {
         fail(a.start_fd, StartFailure::setup_failed(Step::Seccomp, e));
     }

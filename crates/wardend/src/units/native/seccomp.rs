@@ -370,6 +370,8 @@ mod tests {
     }
 
     #[test]
+    // libc's `Ioctl` is c_ulong on glibc and c_int on musl: the casts are needed on one.
+    #[allow(clippy::unnecessary_cast)]
     fn the_program_decides_as_the_policy_says() {
         let none = Filter::new(Network::None).unwrap();
         let lo = Filter::new(Network::Loopback).unwrap();
