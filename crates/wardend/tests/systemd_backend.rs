@@ -442,7 +442,10 @@ async fn host_paths_are_visible_inside() -> TestResult {
     let inside = container.exec(&["cat", manifest.to_str().ok_or("not UTF-8")?])?;
     assert_eq!(inside.stdout, std::fs::read(&manifest)?);
     // Writes inside land in the overlay, never on the host.
-    let marker = crate_dir.join("written-inside-the-container");
+    let marker = PathBuf::from(format!(
+        "/srv/written-inside-the-container-{}",
+        std::process::id()
+    ));
     let marker = marker.to_str().ok_or("not UTF-8")?;
     assert!(container.exec(&["touch", marker])?.status.success());
     assert!(container.exec(&["test", "-e", marker])?.status.success());

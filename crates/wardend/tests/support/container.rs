@@ -106,7 +106,26 @@ impl SystemdContainer {
     }
 
     /// [`Self::boot`] with extra `systemd-nspawn` arguments (e.g. `--capability=...`).
-    pub fn boot_with(nspawn_args: &[&str]) -> Result<Self, BootError> {
+    pub fn boot_with(extra_args: &[&str]) -> Result<Self, BootError> {
+        // The checkout and the binaries under test, read-only at the same paths: nspawn
+        // mounts an empty tmpfs on /tmp, so a checkout under /tmp would be invisible.
+        let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let workspace = crate_dir
+            .ancestors()
+            .nth(2)
+            .unwrap_or(&crate_dir)
+            .to_path_buf();
+        let binaries = PathBuf::from(env!("CARGO_BIN_EXE_wardend"))
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| workspace.clone());
+        let binds: Vec<String> = [workspace, binaries]
+            .iter()
+            .map(|p| format!("--bind-ro={}", p.display()))
+            .collect();
+        let mut nspawn_args: Vec<&str> = binds.iter().map(String::as_str).collect();
+        nspawn_args.extend_from_slice(extra_args);
+        let nspawn_args = nspawn_args.as_slice();
         if let Some(missing) = missing_requirement() {
             return Err(BootError(missing));
         }
@@ -287,12 +306,10 @@ fn spawn_nspawn(
     log: fs::File,
     extra: &[&str],
 ) -> io::Result<Child> {
-    // $1..$4 as named below; "$@" after `shift 4`: the extra nspawn arguments. The host's
-    // /tmp is seen through an overlay too (nspawn would mount an empty tmpfs there), so a
-    // checkout or build under /tmp is visible inside, and writes stay in the container.
+    // $1..$4 as named below; "$@" after `shift 4`: the extra nspawn arguments.
     let script = r#"r=$1 m=$2 u=$3 t=$4; shift 4; mount --bind / "$r" && exec systemd-nspawn \
         -D "$r" -M "$m" --volatile=overlay --register=no --keep-unit -q \
-        --bind-ro="$u":/etc/systemd/system --overlay=/tmp::/tmp "$@" -b -- --unit="$t""#;
+        --bind-ro="$u":/etc/systemd/system "$@" -b -- --unit="$t""#;
     let mut cmd = Command::new("unshare");
     cmd.args([
         "--mount",
