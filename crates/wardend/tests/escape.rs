@@ -962,7 +962,7 @@ out = {}
 import subprocess
 child = subprocess.Popen(["sleep", "30"])
 for who, pid in (("wardend", int(sys.argv[1])), ("client", int(sys.argv[2])), ("self", os.getpid()), ("child", child.pid)):
-    r = {}
+    r = {"listed": "yes" if str(pid) in os.listdir("/proc") else "no"}
     try:
         os.kill(pid, 0)
         r["kill"] = "ok"
@@ -1035,6 +1035,9 @@ print(json.dumps(out, sort_keys=True))
         assert_ne!(get("client", "mem"), "ok", "{report}");
         if kind == Kind::Systemd {
             assert_eq!(get("client", "kill"), "EPERM", "{report}");
+            // ProtectProc=invisible hides what fails the ptrace-mode check: the client is
+            // not even listed.
+            assert_eq!(get("client", "listed"), "no", "{report}");
             for what in ["environ", "mem"] {
                 assert!(
                     ["EACCES", "ENOENT"].contains(&get("client", what).as_str()),
@@ -1045,6 +1048,7 @@ print(json.dumps(out, sort_keys=True))
         // ... while the command still signals (and reads /proc of) its own children.
         assert_eq!(get("child", "kill"), "ok", "{report}");
         assert_eq!(get("child", "environ"), "read", "{report}");
+        assert_eq!(get("child", "listed"), "yes", "{report}");
         drop(target);
         Ok(())
     }
