@@ -2,6 +2,7 @@
 //! bounded, disposable units. Modules follow the path of a connection:
 //! [`listener`] → [`admission`] → [`handshake`] → [`session`] → [`policy`] → [`units`].
 //! [`server`] holds them together; [`config`] and [`account`] are read once at start-up.
+//! [`shim`] is the exec shim every systemd unit starts through (`wardend exec-shim`).
 
 pub mod account;
 pub mod admission;
@@ -11,4 +12,5 @@ pub mod listener;
 pub mod policy;
 pub mod server;
 pub mod session;
+pub mod shim;
 pub mod units;

@@ -1,5 +1,6 @@
 //! wardend's entry point: parse flags, load the config, open the backend, serve until
 //! SIGTERM or SIGINT. Errors are printed once, as `wardend: <error>`, with exit status 1.
+//! `wardend exec-shim ...` is the exec shim of systemd units instead (see `wardend::shim`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use wardend::account::Account;
 use wardend::config::{Config, Flags};
 use wardend::server::{Server, ServerError};
-use wardend::units::Backend;
+use wardend::units::{Backend, UnitError};
 
 /// The warden daemon: runs the client account's commands as isolated, bounded units.
 #[derive(Debug, Parser)]
@@ -23,6 +24,10 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
+    // `wardend exec-shim ...` inside a systemd unit: no runtime, no logging, no clap.
+    if let Some(code) = wardend::shim::main_if_invoked() {
+        return code;
+    }
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -61,7 +66,10 @@ async fn run(cli: Cli) -> Result<(), String> {
     let account = Account::lookup(&config.client_user).map_err(|e| e.to_string())?;
     let backend = Backend::open(config.backend, &config.unit_prefix)
         .await
-        .map_err(|e| ServerError::OrphanCleanup(e).to_string())?;
+        .map_err(|e| match e {
+            e @ UnitError::Unsupported(_) => e.to_string(),
+            e => ServerError::OrphanCleanup(e).to_string(),
+        })?;
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone())
         .map_err(|e| format!("installing signal handlers: {e}"))?;

@@ -629,6 +629,8 @@ fn systemd_unit_properties_are_the_baseline_sandbox() -> Result<()> {
         "ProtectHome",
         "-p",
         "KillMode",
+        "-p",
+        "ExecStart",
     ])?;
     let props = text(&out.stdout);
     for expected in [
@@ -645,6 +647,18 @@ fn systemd_unit_properties_are_the_baseline_sandbox() -> Result<()> {
             "missing {expected} in\n{props}"
         );
     }
+    // Started through wardend's exec shim, in a Landlock domain scoping signals and abstract
+    // sockets (this host's kernel has Landlock ABI >= 6).
+    let shim = format!(
+        "argv[]=wardend exec-shim --scope signal,abstract-unix -- {} sleep 1000 ;",
+        std::fs::canonicalize("/bin/sleep")?.display()
+    );
+    assert!(
+        props.lines().any(|l| l.starts_with("ExecStart=")
+            && l.contains(&format!("path={} ;", bin("wardend").display()))
+            && l.contains(&shim)),
+        "not started through the exec shim:\n{props}"
+    );
     if let Some(pid) = client_pid(&child) {
         kill(pid, libc::SIGTERM)?;
     }

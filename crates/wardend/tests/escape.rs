@@ -409,25 +409,19 @@ mod checks {
         let leaked = text(&read.stdout).contains(secret);
         let wrote = h.host_path(&h.client.home.join("via-proc-root")).exists();
         drop(target);
-        match kind {
-            Kind::Native => {
-                assert!(!leaked, "read through {root}: {}", describe(&read));
-                assert!(!wrote, "wrote through {root}: {}", describe(&write));
-            }
-            Kind::Systemd => {
-                // UNMET on systemd 252, NOT asserted: /proc/PID/root of a same-uid,
-                // dumpable process outside the unit (the client, the agent) passes the
-                // kernel's ptrace-mode check, so it bypasses InaccessiblePaths and
-                // ProtectSystem alike. No systemd 252 property closes it (ProtectProc
-                // hides other uids only; seccomp cannot stop an open). See issue 4's
-                // escape-suite report: Landlock scoping in an in-unit exec shim, or a PID
-                // namespace.
-                eprintln!(
-                    "systemd 252, /proc/PID/root of the client (unmet part): read leaked \
-                     the key: {leaked}, write landed: {wrote}"
-                );
-            }
-        }
+        // Both backends: on native the client is not even in the unit's PID namespace; on
+        // systemd the exec shim's Landlock domain fails the ptrace-mode check that
+        // /proc/PID/root goes through — and with ProtectProc=invisible, which hides what
+        // fails that check, the client's /proc/PID is not there at all (ENOENT).
+        assert!(!leaked, "read through {root}: {}", describe(&read));
+        assert!(!wrote, "wrote through {root}: {}", describe(&write));
+        assert_ne!(read.status.code(), Some(0), "{}", describe(&read));
+        let err = text(&read.stderr);
+        assert!(
+            err.contains("No such file or directory") || err.contains("Permission denied"),
+            "{}",
+            describe(&read)
+        );
         Ok(())
     }
 
@@ -965,14 +959,16 @@ def name(e): return errno.errorcode.get(e, str(e))
 class iovec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 out = {}
-for who, pid in (("wardend", int(sys.argv[1])), ("client", int(sys.argv[2])), ("self", os.getpid())):
-    r = {}
+import subprocess
+child = subprocess.Popen(["sleep", "30"])
+for who, pid in (("wardend", int(sys.argv[1])), ("client", int(sys.argv[2])), ("self", os.getpid()), ("child", child.pid)):
+    r = {"listed": "yes" if str(pid) in os.listdir("/proc") else "no"}
     try:
         os.kill(pid, 0)
         r["kill"] = "ok"
     except OSError as e:
         r["kill"] = name(e.errno)
-    if who != "self":
+    if who in ("wardend", "client"):
         rc = libc.ptrace(16, pid, None, None)  # PTRACE_ATTACH
         r["ptrace"] = "ok" if rc == 0 else name(ctypes.get_errno())
         if rc == 0:
@@ -993,6 +989,8 @@ for who, pid in (("wardend", int(sys.argv[1])), ("client", int(sys.argv[2])), ("
     except OSError as e:
         r["mem"] = name(e.errno)
     out[who] = r
+child.kill()
+child.wait()
 print(json.dumps(out, sort_keys=True))
 "#;
         let out = py(&h, &[], probe, &[&wardend_pid, &client_pid])?;
@@ -1026,27 +1024,31 @@ print(json.dumps(out, sort_keys=True))
             "{report}"
         );
         assert_ne!(get("wardend", "mem"), "ok", "{report}");
-        match kind {
-            Kind::Native => {
-                // Its own PID namespace: the client cannot even be named.
-                assert_ne!(get("client", "kill"), "ok", "{report}");
-                assert_ne!(get("client", "environ"), "secret", "{report}");
-                assert_ne!(get("client", "mem"), "ok", "{report}");
-            }
-            Kind::Systemd => {
-                // UNMET on systemd 252 (no PrivatePIDs before systemd 257), NOT asserted:
-                // a unit runs in the client's PID namespace with the client's uid, so
-                // - kill(2) on the client succeeds (report: client.kill == "ok");
-                // - /proc/CLIENT/environ is readable, secrets included, and
-                //   /proc/CLIENT/mem can be opened (ptrace-mode checks pass for a same-uid,
-                //   dumpable process; ProtectProc=invisible hides only other uids, and a
-                //   seccomp filter cannot stop an open()).
-                // The same holds for the agent process itself. Closing it needs a design
-                // change (an in-unit Landlock-scoped exec shim, or a PID namespace made by
-                // an in-unit init): see issue 4's escape-suite report.
-                eprintln!("systemd 252, same-uid client (unmet part): {report}");
+        // The client (same uid): no signal, no environ (its secret), no mem — on native
+        // because it cannot even be named from the unit's own PID namespace (ESRCH/ENOENT),
+        // on systemd because the exec shim's Landlock domain scopes signals (EPERM) and
+        // fails the ptrace-mode check of /proc/PID/{environ,mem} (EACCES; ENOENT, as
+        // ProtectProc=invisible hides a process that fails that check).
+        assert_ne!(get("client", "kill"), "ok", "{report}");
+        assert_ne!(get("client", "environ"), "secret", "{report}");
+        assert_ne!(get("client", "environ"), "read", "{report}");
+        assert_ne!(get("client", "mem"), "ok", "{report}");
+        if kind == Kind::Systemd {
+            assert_eq!(get("client", "kill"), "EPERM", "{report}");
+            // ProtectProc=invisible hides what fails the ptrace-mode check: the client is
+            // not even listed.
+            assert_eq!(get("client", "listed"), "no", "{report}");
+            for what in ["environ", "mem"] {
+                assert!(
+                    ["EACCES", "ENOENT"].contains(&get("client", what).as_str()),
+                    "{what}: {report}"
+                );
             }
         }
+        // ... while the command still signals (and reads /proc of) its own children.
+        assert_eq!(get("child", "kill"), "ok", "{report}");
+        assert_eq!(get("child", "environ"), "read", "{report}");
+        assert_eq!(get("child", "listed"), "yes", "{report}");
         drop(target);
         Ok(())
     }

@@ -113,6 +113,9 @@ pub enum UnitError {
         /// What failed.
         cause: String,
     },
+    /// The host lacks what the backend needs to keep its promises.
+    #[error("{0}")]
+    Unsupported(String),
     /// A privileged step on the host failed.
     #[error("{step} {path}: {source}")]
     Io {
@@ -179,23 +182,42 @@ pub enum AnyUnit {
 }
 
 impl Backend {
-    /// Open the backend `kind` asks for (`auto`: systemd when PID 1 is systemd and reachable,
-    /// else native).
+    /// Open the backend `kind` asks for (`auto`: systemd when PID 1 is systemd, reachable,
+    /// and the kernel has Landlock for the exec shim; else native).
     pub async fn open(kind: BackendKind, prefix: &str) -> Result<Self, UnitError> {
         match kind {
-            BackendKind::Systemd => Ok(Self::Systemd(
-                systemd::SystemdManager::connect(prefix).await?,
-            )),
+            BackendKind::Systemd => Ok(Self::Systemd(Self::open_systemd(prefix).await?)),
             BackendKind::Native => Ok(Self::Native(native::NativeManager::new(prefix)?)),
             BackendKind::Auto => {
                 if systemd::pid1_is_systemd() {
-                    if let Ok(m) = systemd::SystemdManager::connect(prefix).await {
-                        return Ok(Self::Systemd(m));
+                    match Self::open_systemd(prefix).await {
+                        Ok(m) => return Ok(Self::Systemd(m)),
+                        Err(e) => tracing::warn!(error = %e, "not using the systemd backend"),
                     }
                 }
                 Ok(Self::Native(native::NativeManager::new(prefix)?))
             }
         }
+    }
+
+    /// The systemd backend, every unit started through this daemon's exec shim. Without
+    /// Landlock it is refused: a unit would share the client's PID namespace and uid with no
+    /// domain around it (see [`crate::shim`]).
+    async fn open_systemd(prefix: &str) -> Result<systemd::SystemdManager, UnitError> {
+        let shim = crate::shim::ExecShim::for_this_daemon().map_err(UnitError::Unsupported)?;
+        if shim.scopes.signal && shim.scopes.abstract_unix {
+            tracing::info!("systemd units: {}", shim.describe());
+        } else {
+            tracing::warn!(
+                "systemd units: {}; signals and abstract Unix sockets are NOT confined \
+                 (Landlock ABI 6, Linux 6.12, is needed): a command can signal the client's \
+                 other processes",
+                shim.describe()
+            );
+        }
+        Ok(systemd::SystemdManager::connect(prefix)
+            .await?
+            .with_exec_shim(shim))
     }
 }
 

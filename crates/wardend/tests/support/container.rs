@@ -299,6 +299,10 @@ impl SystemdContainer {
 }
 
 /// `unshare --mount --propagation private` → bind `/` onto `root` → exec `systemd-nspawn`.
+///
+/// nspawn's own seccomp allow-list (systemd 252) leaves out the Landlock system calls, so
+/// inside the container they fail with EPERM; a systemd on a host has no such filter, and
+/// wardend's exec shim needs them: they are added to the list.
 fn spawn_nspawn(
     root: &Path,
     units: &Path,
@@ -309,7 +313,9 @@ fn spawn_nspawn(
     // $1..$4 as named below; "$@" after `shift 4`: the extra nspawn arguments.
     let script = r#"r=$1 m=$2 u=$3 t=$4; shift 4; mount --bind / "$r" && exec systemd-nspawn \
         -D "$r" -M "$m" --volatile=overlay --register=no --keep-unit -q \
-        --bind-ro="$u":/etc/systemd/system "$@" -b -- --unit="$t""#;
+        --bind-ro="$u":/etc/systemd/system \
+        --system-call-filter='landlock_create_ruleset landlock_add_rule landlock_restrict_self' \
+        "$@" -b -- --unit="$t""#;
     let mut cmd = Command::new("unshare");
     cmd.args([
         "--mount",

@@ -17,6 +17,8 @@ use zbus::Connection;
 
 use properties::Retention;
 
+use crate::shim::ExecShim;
+
 use super::{name, UnitError, UnitManager, UnitSpec};
 
 pub use bus::Transport;
@@ -42,6 +44,9 @@ pub struct SystemdManager {
     slice: String,
     /// How ended units stay loaded until released: depends on the connection.
     retention: Retention,
+    /// The exec shim every command starts through; `None`: the command is started directly
+    /// (only a manager built without [`SystemdManager::with_exec_shim`], as in tests).
+    shim: Option<ExecShim>,
 }
 
 impl SystemdManager {
@@ -114,7 +119,15 @@ impl SystemdManager {
             prefix: prefix.to_string(),
             slice: name::slice_of(prefix),
             retention,
+            shim: None,
         }
+    }
+
+    /// Start every command through `shim` (wardend's own executable in a Landlock domain):
+    /// what the daemon always does.
+    pub fn with_exec_shim(mut self, shim: ExecShim) -> Self {
+        self.shim = Some(shim);
+        self
     }
 
     /// The unit path to `Unref()` on release: only units this connection holds a reference to.
@@ -166,8 +179,13 @@ impl UnitManager for SystemdManager {
                 ),
             ));
         }
-        let props = properties::transient_properties(&spec, &self.slice, self.retention)
-            .map_err(|e| Self::start_error(unit, e))?;
+        let props = properties::transient_properties(
+            &spec,
+            &self.slice,
+            self.retention,
+            self.shim.as_ref(),
+        )
+        .map_err(|e| Self::start_error(unit, e))?;
         let manager = bus::ManagerProxy::new(&self.conn)
             .await
             .map_err(|e| Self::start_error(unit, e))?;

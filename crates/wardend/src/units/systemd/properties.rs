@@ -9,6 +9,7 @@ use std::path::Path;
 use warden_proto::Network;
 use zbus::{Fd, Variant};
 
+use crate::shim::ExecShim;
 use crate::units::UnitSpec;
 
 /// System calls a unit may not make (they would reach same-uid processes outside it).
@@ -51,8 +52,16 @@ pub(super) fn transient_properties<'a>(
     spec: &'a UnitSpec,
     slice: &str,
     retention: Retention,
+    shim: Option<&ExecShim>,
 ) -> Result<Vec<Property<'a>>, String> {
     let exe = utf8("executable", &spec.exe)?;
+    let exec_start = match shim {
+        Some(shim) => (
+            utf8("exec shim", &shim.path)?.to_string(),
+            shim.argv(exe, &spec.argv),
+        ),
+        None => (exe.to_string(), spec.argv.clone()),
+    };
     let cwd = utf8("working directory", &spec.cwd_path)?;
 
     let mut props: Vec<Property<'a>> = vec![
@@ -64,15 +73,20 @@ pub(super) fn transient_properties<'a>(
         // Type=exec: the start job fails when the command cannot be executed.
         ("Type", Variant::from("exec")),
         // ExecStartEx with `no-env-expand`: systemd would otherwise expand `$VAR` (and turn
-        // `$$` into `$`) in the arguments; the command must get its argv verbatim.
+        // `$$` into `$`) in the arguments; the command must get its argv verbatim. Through
+        // the exec shim (`wardend exec-shim --scope ... -- EXE ARGV...`), which enters a
+        // Landlock domain first: no ptrace, /proc/PID access or signals outside the unit.
         (
             "ExecStartEx",
             Variant::from(vec![(
-                exe.to_string(),
-                spec.argv.clone(),
+                exec_start.0,
+                exec_start.1,
                 vec!["no-env-expand".to_string()],
             )]),
         ),
+        // SIGPIPE at its default in the command, as in a shell (systemd ignores it by
+        // default; the shim resets it too).
+        ("IgnoreSIGPIPE", Variant::from(false)),
         // systemd 252 takes a path only; the server re-checked its device and inode.
         ("WorkingDirectory", Variant::from(cwd.to_string())),
         ("User", Variant::from(spec.user.clone())),
@@ -276,7 +290,7 @@ mod tests {
     #[test]
     fn the_spec_becomes_sandboxing_properties() -> Result<(), Box<dyn std::error::Error>> {
         let spec = spec(Network::None, Limits::default(), None)?;
-        let props = transient_properties(&spec, "w.slice", Retention::AddRef)?;
+        let props = transient_properties(&spec, "w.slice", Retention::AddRef, None)?;
         let get = |n: &str| find(&props, n).cloned();
         assert_eq!(get("Slice"), Some(Variant::from("w.slice")));
         assert_eq!(get("User"), Some(Variant::from("alice")));
@@ -359,7 +373,7 @@ mod tests {
         };
         let (_read, write) = rustix::pipe::pipe()?;
         let spec = spec(Network::Loopback, limits, Some(write))?;
-        let props = transient_properties(&spec, "w.slice", Retention::RemainAfterExit)?;
+        let props = transient_properties(&spec, "w.slice", Retention::RemainAfterExit, None)?;
         let get = |n: &str| find(&props, n).cloned();
         assert_eq!(get("MemoryMax"), Some(Variant::from(1u64 << 30)));
         assert_eq!(get("TasksMax"), Some(Variant::from(100u64)));
@@ -377,8 +391,49 @@ mod tests {
         assert_eq!(get("CollectMode"), Some(Variant::from("inactive")));
 
         let host = spec_host()?;
-        let props = transient_properties(&host, "w.slice", Retention::AddRef)?;
+        let props = transient_properties(&host, "w.slice", Retention::AddRef, None)?;
         assert!(find(&props, "PrivateNetwork").is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn commands_start_through_the_exec_shim() -> Result<(), Box<dyn std::error::Error>> {
+        let spec = spec(Network::None, Limits::default(), None)?;
+        let shim = ExecShim::new(PathBuf::from("/usr/sbin/wardend"), 6)?;
+        let props = transient_properties(&spec, "w.slice", Retention::AddRef, Some(&shim))?;
+        let argv = [
+            "wardend",
+            "exec-shim",
+            "--scope",
+            "signal,abstract-unix",
+            "--",
+            "/bin/sh",
+            "sh",
+            "-c",
+            "true",
+        ];
+        assert_eq!(
+            find(&props, "ExecStartEx").cloned(),
+            Some(Variant::from(vec![(
+                "/usr/sbin/wardend".to_string(),
+                argv.map(str::to_string).to_vec(),
+                vec!["no-env-expand".to_string()],
+            )]))
+        );
+        assert_eq!(
+            find(&props, "IgnoreSIGPIPE").cloned(),
+            Some(Variant::from(false))
+        );
+        // Without a shim (a bare manager), the command itself.
+        let props = transient_properties(&spec, "w.slice", Retention::AddRef, None)?;
+        assert_eq!(
+            find(&props, "ExecStartEx").cloned(),
+            Some(Variant::from(vec![(
+                "/bin/sh".to_string(),
+                vec!["sh".to_string(), "-c".to_string(), "true".to_string()],
+                vec!["no-env-expand".to_string()],
+            )]))
+        );
         Ok(())
     }
 
