@@ -4,6 +4,7 @@
 //!
 //! Needs root (and, for systemd, systemd-nspawn). Under `CI=true` a missing piece fails.
 
+#[macro_use]
 mod support;
 
 use std::io::Write;
@@ -12,19 +13,7 @@ use std::time::Duration;
 
 use support::harness::{bin, can_run, kill, native_unit_cgroups, Harness, Kind, Result};
 
-/// Generate one test per backend for each conformance check.
-macro_rules! conformance {
-    ($($name:ident),* $(,)?) => {
-        mod native {
-            $(#[test] fn $name() -> super::Result<()> { super::checks::$name(super::Kind::Native) })*
-        }
-        mod systemd {
-            $(#[test] fn $name() -> super::Result<()> { super::checks::$name(super::Kind::Systemd) })*
-        }
-    };
-}
-
-conformance!(
+per_backend!(
     stdio_and_exit_code,
     cwd_is_the_callers,
     stdin_is_passed,

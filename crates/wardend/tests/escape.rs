@@ -11,6 +11,7 @@
 //! delegated), the systemd run checks the unit property and the native run checks
 //! enforcement.
 
+#[macro_use]
 mod support;
 
 use std::io::{BufRead, BufReader, Write};
@@ -23,19 +24,7 @@ use std::time::{Duration, Instant};
 
 use support::harness::{bin, can_run, descendants, kill, Harness, Kind, Options, Result, FAKE_KEY};
 
-/// Generate one test per backend for each escape check.
-macro_rules! escape {
-    ($($name:ident),* $(,)?) => {
-        mod native {
-            $(#[test] fn $name() -> super::Result<()> { super::checks::$name(super::Kind::Native) })*
-        }
-        mod systemd {
-            $(#[test] fn $name() -> super::Result<()> { super::checks::$name(super::Kind::Systemd) })*
-        }
-    };
-}
-
-escape!(
+per_backend!(
     writes_outside_the_cwd_and_allowed_paths_fail,
     hidden_ssh_key_cannot_be_read,
     user_runtime_dir_sockets_are_unreachable,
