@@ -191,6 +191,20 @@ pub(super) async fn stop_and_release(
             Err(e) => return Err(e),
         }
     }
+    if wait_gone(&manager, &mut removed, name).await.is_ok() {
+        return Ok(());
+    }
+    // Still running after its stop job (seen under heavy load): kill every process in it
+    // and give it one more period before reporting failure.
+    tracing::warn!(
+        unit = name,
+        "unit still active after stop; sending SIGKILL to all of it"
+    );
+    match manager.kill_unit(name, "all", libc::SIGKILL).await {
+        Ok(()) => {}
+        Err(e) if bus::is_no_such_unit(&e) => return Ok(()),
+        Err(e) => return Err(e),
+    }
     wait_gone(&manager, &mut removed, name).await
 }
 
