@@ -160,15 +160,7 @@ fn spawn_unit(h: &Harness, args: &[&str], env: &[&str]) -> Result<(Background, S
                 .spawn()?,
         ),
     };
-    let mut unit = None;
-    Harness::wait_for(Duration::from_secs(10), || {
-        unit = h
-            .units()
-            .ok()
-            .and_then(|u| u.into_iter().find(|n| !before.contains(n)));
-        unit.is_some()
-    });
-    let unit = unit.ok_or_else(|| format!("no unit appeared; daemon log:\n{}", h.log_text()))?;
+    let unit = h.wait_new_unit(&before)?;
     Ok((bg, unit))
 }
 

@@ -532,7 +532,20 @@ impl Harness {
         }
     }
 
-    /// Processes (host PIDs) that live in one of this harness's units.
+    /// Wait (up to 10 s) for a unit that is not in `before` to appear; its name.
+    pub fn wait_new_unit(&self, before: &[String]) -> Result<String> {
+        let mut unit = None;
+        Harness::wait_for(Duration::from_secs(10), || {
+            unit = self
+                .units()
+                .ok()
+                .and_then(|u| u.into_iter().find(|n| !before.contains(n)));
+            unit.is_some()
+        });
+        unit.ok_or_else(|| format!("no unit appeared; daemon log:\n{}", self.log_text()).into())
+    }
+
+    /// Processes (host PIDs) alive in one of this harness's units.
     pub fn unit_processes(&self) -> Vec<u32> {
         let slice = format!("/{}.slice/", self.prefix);
         all_pids()
