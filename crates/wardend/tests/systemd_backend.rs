@@ -257,10 +257,20 @@ async fn an_immediate_failure_is_an_exit_not_a_failed_start() -> TestResult {
     let (container, manager) = setup("wfalse").await?;
     // /bin/false may exit before systemd sees its exec succeed: the start job then fails,
     // but the command ran, and its exit status is what counts.
-    for _ in 0..5 {
-        let mut unit = manager
+    let mut ran = 0;
+    for _ in 0..8 {
+        let mut unit = match manager
             .start(spec("wfalse", &["/bin/false"], [None, None, None])?)
-            .await?;
+            .await
+        {
+            Ok(unit) => unit,
+            // 219/CGROUP: the test container's systemd could not attach the process to its
+            // cgroup (its v1 hierarchies are read-only), seen rarely under parallel load.
+            // Not what this test is about: try again.
+            Err(UnitError::Start { cause, .. }) if cause.contains("exit status 219") => continue,
+            Err(e) => return Err(e.into()),
+        };
+        ran += 1;
         let report = tokio::time::timeout(Duration::from_secs(20), unit.wait()).await??;
         assert_eq!(
             (report.reason, report.code),
@@ -269,6 +279,7 @@ async fn an_immediate_failure_is_an_exit_not_a_failed_start() -> TestResult {
         );
         unit.stop().await?;
     }
+    assert!(ran >= 5, "only {ran} of 8 starts got past systemd's setup");
     assert_eq!(units_of(&container, "wfalse")?, Vec::<String>::new());
     Ok(())
 }
