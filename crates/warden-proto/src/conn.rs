@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
@@ -221,12 +221,6 @@ impl Conn {
             })
             .await?;
         Ok(())
-    }
-
-    /// Shut down the write side (the peer sees end of stream).
-    pub fn shutdown_write(&self) -> io::Result<()> {
-        rustix::net::shutdown(self.stream.as_fd(), rustix::net::Shutdown::Write)
-            .map_err(io::Error::from)
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use nix::unistd::{Group, User};
+use nix::unistd::User;
 
 /// Looking the account up failed.
 #[derive(Debug, thiserror::Error)]
@@ -68,14 +68,6 @@ impl Account {
             groups,
             home: user.dir,
         })
-    }
-
-    /// Name of the primary group, for logs.
-    pub fn group_name(&self) -> Option<String> {
-        Group::from_gid(self.gid.into())
-            .ok()
-            .flatten()
-            .map(|g| g.name)
     }
 }
 

@@ -129,10 +129,12 @@ impl Admission {
                 origin
             }
         };
-        self.admit_origin(origin, now)?;
+        // The slot first: a connection refused for want of one is not counted against its
+        // origin's window (dropping the permit on a rate refusal gives the slot back).
         let slot = Arc::clone(&self.unauthenticated)
             .try_acquire_owned()
             .map_err(|_| AdmissionError::NoSlot(self.max_unauthenticated))?;
+        self.admit_origin(origin, now)?;
         Ok(Admitted { peer, origin, slot })
     }
 
@@ -189,6 +191,31 @@ mod tests {
         assert_eq!(adm.free_slots(), 1);
         drop(second);
         assert_eq!(adm.free_slots(), 2);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_refusal_for_want_of_a_slot_does_not_count_against_the_origin(
+    ) -> Result<(), AdmissionError> {
+        let (uid, gid) = me();
+        let mut adm = Admission::new(uid, gid, 1, Duration::from_secs(60), 2);
+        let (a, _a) = UnixStream::pair().map_err(AdmissionError::Credentials)?;
+        let held = adm.admit(&a, |_| async { None }).await?;
+        for _ in 0..3 {
+            assert!(matches!(
+                adm.admit(&a, |_| async { None }).await,
+                Err(AdmissionError::NoSlot(1))
+            ));
+        }
+        drop(held);
+        // The window holds one admission, not four: the second one of the window fits.
+        let second = adm.admit(&a, |_| async { None }).await?;
+        drop(second);
+        assert!(matches!(
+            adm.admit(&a, |_| async { None }).await,
+            Err(AdmissionError::Rate(_))
+        ));
+        assert_eq!(adm.free_slots(), 1, "a rate refusal gives its slot back");
         Ok(())
     }
 

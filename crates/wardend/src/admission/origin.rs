@@ -38,16 +38,6 @@ impl OriginCache {
         }
         self.entries.insert(peer, (origin, now));
     }
-
-    /// Number of cached answers.
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// Whether nothing is cached.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
 }
 
 /// Resolve the origin of `peer` given what the unit manager says its unit's main PID is.
