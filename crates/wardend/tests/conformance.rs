@@ -287,10 +287,14 @@ mod checks {
         assert!(
             Harness::wait_for(Duration::from_secs(5), || h.unit_processes().len() >= 2).is_some()
         );
+        // Every process of the unit, taken before the kill; a cheap check of just these
+        // PIDs times their end (a full /proc and cgroup scan costs tens of milliseconds a
+        // round on a loaded machine and would be measured instead).
+        let procs = h.unit_processes();
         let pid = client_pid(&child).ok_or("client process not found")?;
         kill(pid, libc::SIGKILL)?;
         let took = Harness::wait_for(Duration::from_secs(5), || {
-            h.unit_processes().is_empty() && h.units().is_ok_and(|u| !u.contains(&unit))
+            !procs.iter().any(|p| support::harness::is_live(*p))
         });
         let _ = child.wait();
         let took =
@@ -301,7 +305,16 @@ mod checks {
         };
         assert!(
             took <= limit,
-            "unit removed after {took:?}, limit {limit:?}"
+            "unit's processes gone after {took:?}, limit {limit:?}"
+        );
+        // And then nothing of it is left: no process in its cgroup, no unit.
+        let gone = Harness::wait_for(Duration::from_secs(2), || {
+            h.unit_processes().is_empty() && h.units().is_ok_and(|u| !u.contains(&unit))
+        });
+        assert!(
+            gone.is_some(),
+            "unit {unit} left behind; log:\n{}",
+            h.log_text()
         );
         Ok(())
     }
