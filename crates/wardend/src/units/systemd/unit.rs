@@ -184,13 +184,7 @@ pub(super) async fn stop_and_release(
             Err(e) => tracing::debug!(unit = name, error = %e, "unref"),
         }
     }
-    if loaded_state(&manager, name).await?.as_deref() == Some("failed") {
-        match manager.reset_failed_unit(name).await {
-            Ok(()) => {}
-            Err(e) if bus::is_no_such_unit(&e) => {}
-            Err(e) => return Err(e),
-        }
-    }
+    reset_if_failed(&manager, name).await?;
     if wait_gone(&manager, &mut removed, name).await.is_ok() {
         return Ok(());
     }
@@ -205,7 +199,30 @@ pub(super) async fn stop_and_release(
         Err(e) if bus::is_no_such_unit(&e) => return Ok(()),
         Err(e) => return Err(e),
     }
+    // Killed, it ends as failed, which CollectMode=inactive does not collect: wait for the
+    // end, forget the failure, then wait for the collection.
+    let deadline = tokio::time::Instant::now() + GONE_TIMEOUT;
+    while let Some(state) = loaded_state(&manager, name).await? {
+        if is_ended(&state) || tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        let _ =
+            tokio::time::timeout(Duration::from_millis(50), bus::next_message(&mut removed)).await;
+    }
+    reset_if_failed(&manager, name).await?;
     wait_gone(&manager, &mut removed, name).await
+}
+
+/// Forget a unit's failure so that systemd collects it.
+async fn reset_if_failed(manager: &bus::ManagerProxy<'_>, name: &str) -> zbus::Result<()> {
+    if loaded_state(manager, name).await?.as_deref() == Some("failed") {
+        match manager.reset_failed_unit(name).await {
+            Ok(()) => {}
+            Err(e) if bus::is_no_such_unit(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// The ActiveState of `name` if it is loaded (listing does not load it, unlike a property
