@@ -234,6 +234,7 @@ mod tests {
         Request::Start(StartRequest {
             argv: vec!["true".into()],
             env: vec![],
+            explicit_env: vec![],
             profile: None,
             overrides: Overrides::default(),
             fds,

@@ -75,6 +75,11 @@ pub struct StartRequest {
     /// Environment for the command, as `(name, value)` pairs.
     #[serde(default)]
     pub env: Vec<(String, String)>,
+    /// Names in `env` the user set explicitly (`warden run --env`). Policy silently drops
+    /// a secret from the inherited environment, but refuses a request whose explicit
+    /// variable it would drop.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub explicit_env: Vec<String>,
     /// The profile to use; the daemon's `default` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<String>,
@@ -247,6 +252,7 @@ mod tests {
         let req = Request::Start(StartRequest {
             argv: vec!["true".into()],
             env: vec![("PATH".into(), "/bin".into())],
+            explicit_env: vec![],
             profile: None,
             overrides: Overrides::default(),
             fds: vec![FdRole::Cwd, FdRole::Stdin],

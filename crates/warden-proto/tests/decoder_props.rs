@@ -63,15 +63,19 @@ fn start_request() -> impl Strategy<Value = StartRequest> {
         overrides(),
         vec(fd_role(), 0..10),
         proptest::option::of((any::<u16>(), any::<u16>())),
+        vec(text(), 0..3),
     )
-        .prop_map(|(argv, env, profile, overrides, fds, pty)| StartRequest {
-            argv,
-            env,
-            profile,
-            overrides,
-            fds,
-            pty: pty.map(|(rows, cols)| PtySize { rows, cols }),
-        })
+        .prop_map(
+            |(argv, env, profile, overrides, fds, pty, explicit_env)| StartRequest {
+                argv,
+                env,
+                explicit_env,
+                profile,
+                overrides,
+                fds,
+                pty: pty.map(|(rows, cols)| PtySize { rows, cols }),
+            },
+        )
 }
 
 fn request() -> impl Strategy<Value = Request> {

@@ -121,6 +121,9 @@ pub struct RunOptions {
     pub argv: Vec<String>,
     /// The environment sent to the command.
     pub env: Vec<(String, String)>,
+    /// Names the user set explicitly ([`RunOptions::set_env`]): the daemon refuses the
+    /// request rather than drop one of them.
+    pub explicit_env: Vec<String>,
     /// The profile, or the daemon's default.
     pub profile: Option<String>,
     /// Tightenings of the profile.
@@ -138,6 +141,7 @@ impl RunOptions {
             socket: socket.into(),
             argv,
             env: current_env(),
+            explicit_env: Vec::new(),
             profile: None,
             overrides: Overrides::default(),
             pty: None,
@@ -145,10 +149,14 @@ impl RunOptions {
         }
     }
 
-    /// Set `name=value` in the environment sent, replacing an earlier value.
+    /// Set `name=value` in the environment sent, replacing an earlier value; the name is
+    /// sent as explicit (a daemon refuses, rather than drops, a secret set this way).
     pub fn set_env(&mut self, name: &str, value: &str) {
         self.env.retain(|(k, _)| k != name);
         self.env.push((name.to_owned(), value.to_owned()));
+        if !self.explicit_env.iter().any(|k| k == name) {
+            self.explicit_env.push(name.to_owned());
+        }
     }
 }
 
@@ -239,6 +247,7 @@ impl Client {
         let start = Request::Start(StartRequest {
             argv: opts.argv.clone(),
             env: opts.env.clone(),
+            explicit_env: opts.explicit_env.clone(),
             profile: opts.profile.clone(),
             overrides: opts.overrides.clone(),
             fds: roles,

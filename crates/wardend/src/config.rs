@@ -12,7 +12,7 @@ use serde::Deserialize;
 use toml::Spanned;
 use warden_proto::Network;
 
-use crate::policy::profile::{Ceiling, Profile, Profiles};
+use crate::policy::profile::{Ceiling, Profile, Profiles, BUILTIN_HIDDEN, BUILTIN_PROTECTED};
 use crate::units::BackendKind;
 
 /// Where the config file is looked for when `--config` is not given.
@@ -120,6 +120,8 @@ pub struct FileLimits {
     pub tasks_max: Option<Spanned<u64>>,
     /// CPU quota in percent of one CPU (`"150%"` or `150`).
     pub cpu_quota: Option<Spanned<SizeValue>>,
+    /// CPU weight, 1–10000 (cgroup v2 scale; 100 is the kernel's default and wardend's).
+    pub cpu_weight: Option<Spanned<u32>>,
     /// Wall-time limit (`"30s"`).
     pub timeout: Option<Spanned<String>>,
     /// Whether a pty may be used.
@@ -128,6 +130,14 @@ pub struct FileLimits {
     pub writable: Option<Vec<String>>,
     /// Extra hidden paths.
     pub hidden: Option<Vec<String>>,
+    /// Extra protected paths (relative to each writable directory).
+    pub protected: Option<Vec<String>>,
+    /// Built-in hidden paths not to hide (ceiling only).
+    pub hidden_except: Option<Spanned<Vec<String>>>,
+    /// Built-in protected paths not to protect (ceiling only).
+    pub protected_except: Option<Spanned<Vec<String>>>,
+    /// Variables the built-in secret classes would remove that may pass (ceiling only).
+    pub env_allow: Option<Spanned<Vec<String>>>,
     /// Environment pass-list patterns (profiles only).
     pub env_pass: Option<Vec<String>>,
     /// Environment deny patterns.
@@ -315,10 +325,29 @@ fn profiles_of(path: &Path, text: &str, file: &mut FileConfig) -> Result<Profile
                 memory_max: l.memory_max,
                 tasks_max: l.tasks_max,
                 cpu_quota_percent: l.cpu_quota_percent,
+                cpu_weight: l.cpu_weight,
                 timeout: l.timeout,
                 pty: c.pty.as_ref().map_or(base.pty, |p| *p.get_ref()),
                 hidden: c.hidden.clone().unwrap_or_default(),
+                hidden_except: except_list(
+                    &c.hidden_except,
+                    "ceiling.hidden_except",
+                    BUILTIN_HIDDEN,
+                    &at,
+                )?,
+                protected: c.protected.clone().unwrap_or_default(),
+                protected_except: except_list(
+                    &c.protected_except,
+                    "ceiling.protected_except",
+                    BUILTIN_PROTECTED,
+                    &at,
+                )?,
                 env_deny: c.env_deny.clone().unwrap_or_default(),
+                env_allow: c
+                    .env_allow
+                    .as_ref()
+                    .map(|v| v.get_ref().clone())
+                    .unwrap_or_default(),
             }
         }
     };
@@ -326,15 +355,32 @@ fn profiles_of(path: &Path, text: &str, file: &mut FileConfig) -> Result<Profile
     for (name, fp) in std::mem::take(&mut file.profiles) {
         let key = format!("profiles.{name}");
         let l = limits(&fp, &key, &at)?;
-        let base = Profile::builtin_default();
+        for (field, value) in [
+            ("hidden_except", &fp.hidden_except),
+            ("protected_except", &fp.protected_except),
+            ("env_allow", &fp.env_allow),
+        ] {
+            if let Some(v) = value {
+                return Err(at(
+                    v.span(),
+                    format!("{key}.{field}"),
+                    "belongs in [ceiling]: it applies to every unit".into(),
+                ));
+            }
+        }
+        // Bounded by default: what a profile leaves out is the built-in default's bound
+        // (within the ceiling).
+        let base = Profile::builtin_default().narrowed_to(&ceiling);
         let profile = Profile {
             network: fp.network.as_ref().map_or(base.network, |n| *n.get_ref()),
-            memory_max: l.memory_max,
-            tasks_max: l.tasks_max,
+            memory_max: l.memory_max.or(base.memory_max),
+            tasks_max: l.tasks_max.or(base.tasks_max),
             cpu_quota_percent: l.cpu_quota_percent,
+            cpu_weight: l.cpu_weight.or(base.cpu_weight),
             timeout: l.timeout,
             writable: fp.writable.clone().unwrap_or(base.writable),
             hidden: fp.hidden.clone().unwrap_or_default(),
+            protected: fp.protected.clone().unwrap_or_default(),
             env_pass: fp.env_pass.clone().unwrap_or_default(),
             env_deny: fp.env_deny.clone().unwrap_or_default(),
             pty: fp.pty.as_ref().is_some_and(|p| *p.get_ref()),
@@ -345,6 +391,7 @@ fn profiles_of(path: &Path, text: &str, file: &mut FileConfig) -> Result<Profile
                 "memory_max" => fp.memory_max.as_ref().map(Spanned::span),
                 "tasks_max" => fp.tasks_max.as_ref().map(Spanned::span),
                 "cpu_quota" => fp.cpu_quota.as_ref().map(Spanned::span),
+                "cpu_weight" => fp.cpu_weight.as_ref().map(Spanned::span),
                 "timeout" => fp.timeout.as_ref().map(Spanned::span),
                 _ => fp.pty.as_ref().map(Spanned::span),
             };
@@ -371,6 +418,7 @@ struct ParsedLimits {
     memory_max: Option<u64>,
     tasks_max: Option<u64>,
     cpu_quota_percent: Option<u32>,
+    cpu_weight: Option<u32>,
     timeout: Option<Duration>,
 }
 
@@ -420,12 +468,44 @@ fn limits(
             "must be at least 1".into(),
         ));
     }
+    if let Some(w) = l
+        .cpu_weight
+        .as_ref()
+        .filter(|w| !(1..=10_000).contains(w.get_ref()))
+    {
+        return Err(at(
+            w.span(),
+            format!("{key}.cpu_weight"),
+            "must be between 1 and 10000".into(),
+        ));
+    }
     Ok(ParsedLimits {
         memory_max,
         tasks_max: l.tasks_max.as_ref().map(|t| *t.get_ref()),
         cpu_quota_percent,
+        cpu_weight: l.cpu_weight.as_ref().map(|w| *w.get_ref()),
         timeout,
     })
+}
+
+/// An `*_except` list: each entry must be one of the built-in list's, exactly.
+fn except_list(
+    value: &Option<Spanned<Vec<String>>>,
+    key: &str,
+    builtin: &[&str],
+    at: &impl Fn(std::ops::Range<usize>, String, String) -> ConfigError,
+) -> Result<Vec<String>, ConfigError> {
+    let Some(v) = value else {
+        return Ok(Vec::new());
+    };
+    if let Some(unknown) = v.get_ref().iter().find(|e| !builtin.contains(&e.as_str())) {
+        return Err(at(
+            v.span(),
+            key.to_string(),
+            format!("{unknown:?} is not a built-in entry"),
+        ));
+    }
+    Ok(v.get_ref().clone())
 }
 
 /// Parse config text; errors carry the file, line and key.

@@ -2,6 +2,7 @@
 //! bounded, disposable units. Modules follow the path of a connection:
 //! [`listener`] → [`admission`] → [`handshake`] → [`session`] → [`policy`] → [`units`].
 //! [`server`] holds them together; [`config`] and [`account`] are read once at start-up.
+//! [`mountinfo`] is the host's mount table, read by policy and the native backend.
 //! [`shim`] is the exec shim every systemd unit starts through (`wardend exec-shim`).
 
 pub mod account;
@@ -9,6 +10,7 @@ pub mod admission;
 pub mod config;
 pub mod handshake;
 pub mod listener;
+pub mod mountinfo;
 pub mod policy;
 pub mod server;
 pub mod session;

@@ -28,6 +28,10 @@ fn main() -> ExitCode {
     if let Some(code) = wardend::shim::main_if_invoked() {
         return code;
     }
+    // `wardend lifeline` as the systemd backend's lifeline service: reads stdin to its end.
+    if let Some(code) = wardend::units::systemd::lifeline::main_if_invoked() {
+        return code;
+    }
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -12,7 +12,7 @@ use warden_proto::{Conn, ErrorCode, ExitReason, ExitReport, Request, Response};
 
 use crate::account::Account;
 use crate::policy::{self, Settings};
-use crate::units::{RunningUnit, UnitManager, UnitName};
+use crate::units::{RunningUnit, UnitError, UnitManager, UnitName};
 
 /// How long the daemon waits to tell a client something before giving up on it.
 const SEND_TIMEOUT: Duration = Duration::from_secs(2);
@@ -159,7 +159,12 @@ pub async fn run<M: UnitManager>(
         Ok(u) => u,
         Err(e) => {
             tracing::warn!(target: "audit", unit = %name, error = %e, "unit failed to start");
-            return fail(conn, ErrorCode::Internal, e.to_string()).await;
+            let code = match e {
+                UnitError::NotFound(_) => ErrorCode::NotFound,
+                UnitError::NotExecutable { .. } => ErrorCode::NotExecutable,
+                _ => ErrorCode::Internal,
+            };
+            return fail(conn, code, e.to_string()).await;
         }
     };
     tracing::info!(target: "audit", unit = %name, command = %argv0, uid = ctx.account.uid, "unit started");

@@ -1,6 +1,8 @@
 //! The exec shim: the first program of every systemd unit, `wardend exec-shim [--scope LIST]
-//! -- EXE ARGV0 ARGS...`. It puts itself in a Landlock domain of its own and then executes
-//! the command with exactly that argv and the environment systemd gave it.
+//! [--path PATH] -- ARGV0 ARGS...`. It puts itself in a Landlock domain of its own, looks
+//! ARGV0 up in PATH like execvp — inside the unit's view and as the client, so no answer
+//! depends on what only root can see — and executes the command with exactly that argv and
+//! the environment systemd gave it.
 //!
 //! Why: on systemd 252 (no `PrivatePIDs`) a unit shares the host's PID namespace and runs
 //! with the client's uid, so without a domain it could signal the client and the agent, read
@@ -190,15 +192,17 @@ impl ExecShim {
         )
     }
 
-    /// The `ExecStartEx` argv that runs `argv` as `exe` through the shim.
-    pub fn argv(&self, exe: &str, argv: &[String]) -> Vec<String> {
+    /// The `ExecStartEx` argv that runs `argv` through the shim, `argv[0]` looked up in
+    /// `path`.
+    pub fn argv(&self, path: &str, argv: &[String]) -> Vec<String> {
         let mut out = vec![
             "wardend".to_string(),
             SUBCOMMAND.to_string(),
             "--scope".to_string(),
             self.scopes.to_arg(),
+            "--path".to_string(),
+            path.to_string(),
             "--".to_string(),
-            exe.to_string(),
         ];
         out.extend_from_slice(argv);
         out
@@ -257,21 +261,29 @@ fn check_visible_in_units(path: &Path) -> Result<(), String> {
 #[derive(Debug, PartialEq, Eq)]
 struct Invocation {
     scopes: Scopes,
-    exe: CString,
+    /// Where ARGV0 is looked up.
+    path: String,
     argv: Vec<CString>,
 }
 
-/// Parse what follows `exec-shim`: `[--scope LIST] -- EXE ARGV0 ARGS...`.
+/// Parse what follows `exec-shim`: `[--scope LIST] [--path PATH] -- ARGV0 ARGS...`.
 fn parse(args: Vec<OsString>) -> Result<Invocation, String> {
     let mut args = args.into_iter();
     let mut scopes = Scopes::default();
+    let mut path = crate::policy::DEFAULT_PATH.to_string();
     loop {
-        let arg = args.next().ok_or("missing `-- EXE ARGV0`")?;
+        let arg = args.next().ok_or("missing `-- ARGV0`")?;
         match arg.as_bytes() {
             b"--" => break,
             b"--scope" => {
                 let list = args.next().ok_or("--scope needs a value")?;
                 scopes = Scopes::from_arg(&list.to_string_lossy())?;
+            }
+            b"--path" => {
+                let value = args.next().ok_or("--path needs a value")?;
+                path = value
+                    .into_string()
+                    .map_err(|_| "--path is not UTF-8".to_string())?;
             }
             other => {
                 return Err(format!(
@@ -284,12 +296,11 @@ fn parse(args: Vec<OsString>) -> Result<Invocation, String> {
     let cstring = |s: OsString| {
         CString::new(s.into_vec()).map_err(|_| "an argument contains a NUL byte".to_string())
     };
-    let exe = cstring(args.next().ok_or("missing EXE")?)?;
     let argv = args.map(cstring).collect::<Result<Vec<_>, _>>()?;
-    if argv.is_empty() {
+    if argv.first().is_none_or(|a| a.is_empty()) {
         return Err("missing ARGV0".into());
     }
-    Ok(Invocation { scopes, exe, argv })
+    Ok(Invocation { scopes, path, argv })
 }
 
 /// Run the shim when this process was started as `wardend exec-shim ...`; `None` otherwise.
@@ -311,16 +322,20 @@ pub fn main_if_invoked() -> Option<ExitCode> {
         eprintln!("warden: landlock: {e}");
         return Some(ExitCode::from(125));
     }
-    let e = exec(&inv);
-    let why = e.to_string();
-    // "No such file or directory", without std's " (os error 2)".
-    let why = why.split(" (os error").next().unwrap_or(&why);
-    eprintln!("warden: {}: {why}", inv.exe.to_string_lossy());
-    Some(ExitCode::from(if e.raw_os_error() == Some(libc::ENOENT) {
-        127
+    let errno = exec(&inv);
+    let command = inv
+        .argv
+        .first()
+        .map(|a| a.to_string_lossy())
+        .unwrap_or_default();
+    // The same words and codes as the native backend's (the client prints them alike).
+    if errno == libc::ENOENT || errno == libc::ENOTDIR {
+        eprintln!("{command}: command not found");
+        Some(ExitCode::from(127))
     } else {
-        126
-    }))
+        eprintln!("{command}: {}", crate::units::errno_text(errno));
+        Some(ExitCode::from(126))
+    }
 }
 
 /// Enter a new Landlock domain that scopes `scopes` (and, as every domain does, ptrace).
@@ -366,18 +381,38 @@ fn restrict_self(scopes: Scopes) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Execute the command; returns only the error.
-fn exec(inv: &Invocation) -> std::io::Error {
+/// Execute the command, looked up like execvp; returns only the errno to report: EACCES
+/// if a candidate existed but could not be executed, else the last error.
+fn exec(inv: &Invocation) -> i32 {
     // Rust's runtime ignored SIGPIPE before main, and an ignored signal stays ignored across
     // exec: give the command the default, as a shell would.
     // SAFETY: setting SIG_DFL installs no handler code.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let mut argv: Vec<*const libc::c_char> = inv.argv.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
-    // SAFETY: `exe` and every `argv` entry are NUL-terminated strings that outlive the call,
-    // and `argv` ends with a null pointer. execv keeps the current environment.
-    unsafe { libc::execv(inv.exe.as_ptr(), argv.as_ptr()) };
-    std::io::Error::last_os_error()
+    let command = inv
+        .argv
+        .first()
+        .map(|a| a.to_string_lossy())
+        .unwrap_or_default();
+    let mut result = libc::ENOENT;
+    for candidate in crate::units::exec_candidates(&command, &inv.path) {
+        let Ok(candidate) = CString::new(candidate) else {
+            continue;
+        };
+        // SAFETY: `candidate` and every `argv` entry are NUL-terminated strings that outlive
+        // the call, and `argv` ends with a null pointer. execv keeps the environment.
+        unsafe { libc::execv(candidate.as_ptr(), argv.as_ptr()) };
+        match std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO)
+        {
+            libc::EACCES => result = libc::EACCES,
+            libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
+            other => return other,
+        }
+    }
+    result
 }
 
 #[cfg(test)]
@@ -397,8 +432,9 @@ mod tests {
         let inv = parse(os(&[
             "--scope",
             "signal,abstract-unix",
+            "--path",
+            "/opt/bin:/bin",
             "--",
-            "/bin/printf",
             "printf",
             "--",
             "$HOME",
@@ -412,14 +448,15 @@ mod tests {
                 abstract_unix: true
             }
         );
-        assert_eq!(inv.exe, c("/bin/printf")?);
+        assert_eq!(inv.path, "/opt/bin:/bin");
         assert_eq!(
             inv.argv,
             vec![c("printf")?, c("--")?, c("$HOME")?, c("")?, c("--scope")?]
         );
-        let none = parse(os(&["--scope", "none", "--", "/bin/true", "true"]))?;
+        let none = parse(os(&["--scope", "none", "--", "true"]))?;
         assert_eq!(none.scopes, Scopes::default());
-        let bare = parse(os(&["--", "/bin/true", "true"]))?;
+        assert_eq!(none.path, crate::policy::DEFAULT_PATH);
+        let bare = parse(os(&["--", "/bin/true"]))?;
         assert_eq!(bare.scopes, Scopes::default());
         Ok(())
     }
@@ -430,10 +467,11 @@ mod tests {
             &[][..],
             &["/bin/true", "true"][..],
             &["--"][..],
-            &["--", "/bin/true"][..],
+            &["--", ""][..],
             &["--scope"][..],
-            &["--scope", "signal,ptrace", "--", "/bin/true", "true"][..],
-            &["--bogus", "--", "/bin/true", "true"][..],
+            &["--path"][..],
+            &["--scope", "signal,ptrace", "--", "true"][..],
+            &["--bogus", "--", "true"][..],
         ] {
             assert!(parse(os(bad)).is_err(), "{bad:?}");
         }
@@ -443,11 +481,11 @@ mod tests {
     fn argv_round_trips_through_the_parser() -> Result<(), Box<dyn std::error::Error>> {
         let shim = ExecShim::new(PathBuf::from("/usr/sbin/wardend"), 7)?;
         let argv = vec!["sh".to_string(), "-c".to_string(), "echo $$".to_string()];
-        let full = shim.argv("/bin/sh", &argv);
+        let full = shim.argv("/usr/bin:/bin", &argv);
         assert_eq!(&full[..2], ["wardend", SUBCOMMAND]);
         let inv = parse(full[2..].iter().map(OsString::from).collect())?;
         assert_eq!(inv.scopes, Scopes::supported_by(7));
-        assert_eq!(inv.exe, c("/bin/sh")?);
+        assert_eq!(inv.path, "/usr/bin:/bin");
         assert_eq!(inv.argv, vec![c("sh")?, c("-c")?, c("echo $$")?]);
         Ok(())
     }

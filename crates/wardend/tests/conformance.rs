@@ -348,8 +348,14 @@ mod checks {
         for _ in 0..n {
             clients.push(spawn_unit(&h, &["sleep", "1000"])?.0);
         }
+        let procs = h.unit_processes();
+        assert!(procs.len() >= n, "{procs:?}");
         h.signal_daemon(libc::SIGKILL)?;
-        assert_eq!(h.units()?.len(), n, "units should outlive a killed daemon");
+        // Every unit's processes die with the daemon (its lifeline), before any restart.
+        let gone = Harness::wait_for(Duration::from_secs(1), || {
+            !procs.iter().any(|p| support::harness::is_live(*p))
+        });
+        assert!(gone.is_some(), "unit processes outlived wardend by 1 s");
         for mut c in clients {
             let _ = c.wait();
         }
@@ -365,7 +371,11 @@ mod checks {
             .map(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default())
             .collect();
         assert!(left.is_empty(), "processes left: {left:?}");
-        assert!(h.log_text().contains("removed orphaned units"));
+        // Native units leave their (empty) cgroups for the next start to remove; systemd
+        // stopped and collected its units when the lifeline ended.
+        if kind == Kind::Native {
+            assert!(h.log_text().contains("removed orphaned units"));
+        }
         Ok(())
     }
 
@@ -627,6 +637,14 @@ fn systemd_unit_properties_are_the_baseline_sandbox() -> Result<()> {
         "KillMode",
         "-p",
         "ExecStart",
+        "-p",
+        "BindsTo",
+        "-p",
+        "CPUWeight",
+        "-p",
+        "MemoryMax",
+        "-p",
+        "TemporaryFileSystem",
     ])?;
     let props = text(&out.stdout);
     for expected in [
@@ -637,18 +655,33 @@ fn systemd_unit_properties_are_the_baseline_sandbox() -> Result<()> {
         "PrivateTmp=yes",
         "ProtectHome=read-only",
         "KillMode=control-group",
+        // Bounded by default, below the daemon's CPU weight.
+        "CPUWeight=50",
     ] {
         assert!(
             props.lines().any(|l| l == expected),
             "missing {expected} in\n{props}"
         );
     }
+    // Stopped when wardend's lifeline stops; a memory limit; a private /run.
+    let lifeline = format!("BindsTo={}-lifeline-", h.prefix);
+    assert!(props.lines().any(|l| l.starts_with(&lifeline)), "{props}");
+    assert!(
+        props
+            .lines()
+            .any(|l| l.starts_with("MemoryMax=") && l != "MemoryMax=infinity"),
+        "{props}"
+    );
+    assert!(
+        props
+            .lines()
+            .any(|l| l.starts_with("TemporaryFileSystem=") && l.contains("/run:")),
+        "{props}"
+    );
     // Started through wardend's exec shim, in a Landlock domain scoping signals and abstract
     // sockets (this host's kernel has Landlock ABI >= 6).
-    let shim = format!(
-        "argv[]=wardend exec-shim --scope signal,abstract-unix -- {} sleep 1000 ;",
-        std::fs::canonicalize("/bin/sleep")?.display()
-    );
+    // The command is looked up in PATH by the shim, inside the unit, as the client.
+    let shim = "argv[]=wardend exec-shim --scope signal,abstract-unix --path /usr/local/bin:/usr/bin:/bin -- sleep 1000 ;";
     // The shim is wardend itself, or its copy when wardend runs from under /tmp.
     let paths = [
         format!("path={} ;", bin("wardend").display()),
@@ -657,7 +690,7 @@ fn systemd_unit_properties_are_the_baseline_sandbox() -> Result<()> {
     assert!(
         props.lines().any(|l| l.starts_with("ExecStart=")
             && paths.iter().any(|p| l.contains(p.as_str()))
-            && l.contains(&shim)),
+            && l.contains(shim)),
         "not started through the exec shim:\n{props}"
     );
     if let Some(pid) = client_pid(&child) {

@@ -46,11 +46,10 @@ fn spec(
     argv: &[&str],
     stdio: [Option<OwnedFd>; 3],
 ) -> Result<UnitSpec, Box<dyn Error>> {
-    let exe = PathBuf::from(argv.first().ok_or("empty argv")?);
     Ok(UnitSpec {
         name: UnitName::random(prefix)?,
         argv: argv.iter().map(|a| a.to_string()).collect(),
-        exe,
+        path: "/usr/bin:/bin".into(),
         env: vec![("PATH".into(), "/usr/bin:/bin".into())],
         cwd: File::open(cwd())?.into(),
         cwd_path: cwd(),
@@ -60,7 +59,10 @@ fn spec(
         gid: NOBODY,
         groups: vec![],
         home: None,
-        fs: FsView::default(),
+        fs: FsView {
+            cwd_writable: true,
+            ..FsView::default()
+        },
         network: Network::None,
         limits: Limits::default(),
     })
@@ -160,6 +162,7 @@ async fn properties_reach_systemd() -> TestResult {
         memory_max: Some(256 << 20),
         tasks_max: Some(64),
         cpu_quota_percent: Some(150),
+        cpu_weight: Some(40),
         timeout: Some(Duration::from_secs(600)),
     };
     spec.fs.hidden = vec![

@@ -2,21 +2,27 @@
 //! become one fully validated [`UnitSpec`] — every check done and every path resolved
 //! before a backend touches the system. Nothing here changes the system.
 //!
-//! [`profile`] holds the profiles and the admin's ceiling; [`env`] filters the environment.
+//! [`profile`] holds the profiles and the admin's ceiling; [`env`] filters the environment;
+//! [`view`] resolves the filesystem view (hidden, protected, writable, host sockets) on the
+//! host, with [`sockets`] (the host's bound Unix sockets) and [`client_creds`] (checks made
+//! with the client's own credentials).
 
+pub mod client_creds;
 pub mod env;
 pub mod profile;
+pub mod sockets;
+pub mod view;
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use warden_proto::{ErrorCode, FdRole, Response, StartRequest};
 
 use crate::account::Account;
-use crate::units::{FsView, Limits, UnitName, UnitSpec};
+use crate::units::{Limits, UnitName, UnitSpec};
 
-use self::profile::{Profile, ProfileError, Profiles, BUILTIN_HIDDEN};
+use self::profile::{ProfileError, Profiles};
 
 /// PATH used to resolve the command when the request has none.
 pub const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
@@ -45,12 +51,24 @@ pub enum PolicyError {
     /// The cwd is inside a path every unit has hidden.
     #[error("refused: working directory {0} is inside a hidden path")]
     CwdHidden(PathBuf),
-    /// The command does not exist.
-    #[error("{0}: command not found")]
-    NotFound(String),
-    /// The command exists but the client cannot execute it.
-    #[error("{0}: permission denied")]
-    NotExecutable(String),
+    /// The cwd is no place to run a unit from.
+    #[error("refused: working directory {} {why}; {fix}", path.display())]
+    CwdRefused {
+        /// The working directory.
+        path: PathBuf,
+        /// Why it is refused.
+        why: String,
+        /// What to do instead.
+        fix: &'static str,
+    },
+    /// A variable given explicitly (`--env`) would be removed by policy.
+    #[error("refused: environment variable {name}: {why}; warden does not pass it to units")]
+    EnvDenied {
+        /// Its name.
+        name: String,
+        /// Why policy removes it.
+        why: String,
+    },
     /// A pty was asked for.
     #[error("refused: pty is not supported yet")]
     Pty,
@@ -66,11 +84,11 @@ impl PolicyError {
     /// The error frame for this refusal.
     pub fn response(&self) -> Response {
         let code = match self {
-            PolicyError::NotFound(_) => ErrorCode::NotFound,
-            PolicyError::NotExecutable(_) => ErrorCode::NotExecutable,
-            PolicyError::Pty | PolicyError::Profile(_) | PolicyError::CwdHidden(_) => {
-                ErrorCode::Refused
-            }
+            PolicyError::Pty
+            | PolicyError::Profile(_)
+            | PolicyError::CwdHidden(_)
+            | PolicyError::CwdRefused { .. }
+            | PolicyError::EnvDenied { .. } => ErrorCode::Refused,
             PolicyError::Io(_) | PolicyError::CwdUnreachable(_) => ErrorCode::Internal,
             _ => ErrorCode::Protocol,
         };
@@ -104,28 +122,49 @@ pub fn build(
         .profiles
         .resolve(req.profile.as_deref(), &req.overrides)?;
     let (cwd, stdio) = assign_fds(&req.fds, fds)?;
-    let cwd_path = cwd_path(&cwd)?;
-    let path_var = req
+    // As the client: the path must lead back to the directory for the client too.
+    let cwd_path = client_creds::as_client(account, || cwd_path(&cwd))??;
+    let ceiling = &settings.profiles.ceiling;
+    let deny = [ceiling.env_deny.as_slice(), profile.env_deny.as_slice()];
+    let rules = env::Rules {
+        pass: &profile.env_pass,
+        deny: &deny,
+        allow: &ceiling.env_allow,
+    };
+    for name in &req.explicit_env {
+        let value = req
+            .env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map_or("", |(_, v)| v.as_str());
+        if let Some(why) = rules.denies(name, value) {
+            return Err(PolicyError::EnvDenied {
+                name: name.clone(),
+                why,
+            });
+        }
+    }
+    let path = req
         .env
         .iter()
         .rev()
         .find(|(k, _)| k == "PATH")
-        .map_or(DEFAULT_PATH, |(_, v)| v.as_str());
-    let exe = resolve_exe(&req.argv[0], path_var, &cwd_path, account)?;
-    let ceiling = &settings.profiles.ceiling;
-    let env = env::filter(
-        req.env,
-        &profile.env_pass,
-        &[&ceiling.env_deny, &profile.env_deny],
-    );
-    let fs = fs_view(&profile, settings, account);
-    if fs.hidden.iter().any(|h| cwd_path.starts_with(h)) {
-        return Err(PolicyError::CwdHidden(cwd_path));
-    }
+        .map_or(DEFAULT_PATH, |(_, v)| v.as_str())
+        .to_string();
+    let env = rules.filter(req.env);
+    let fs = view::resolve(&view::Inputs {
+        cwd: cwd.as_fd(),
+        cwd_path: &cwd_path,
+        profile: &profile,
+        ceiling,
+        socket_dir: &settings.socket_dir,
+        account,
+    })?;
     Ok(UnitSpec {
         name,
         argv: req.argv,
-        exe,
+        path,
         env,
         cwd,
         cwd_path,
@@ -141,37 +180,10 @@ pub fn build(
             memory_max: profile.memory_max,
             tasks_max: profile.tasks_max,
             cpu_quota_percent: profile.cpu_quota_percent,
+            cpu_weight: profile.cpu_weight,
             timeout: profile.timeout,
         },
     })
-}
-
-/// The paths a profile makes writable or hidden, resolved against the client's home and
-/// kept only where they exist (a missing path has nothing to hide or to write to).
-fn fs_view(profile: &Profile, settings: &Settings, account: &Account) -> FsView {
-    let resolve = |p: &String| -> Option<PathBuf> {
-        let path = match p.strip_prefix("~/") {
-            Some(rel) => account.home.join(rel),
-            None => PathBuf::from(p),
-        };
-        (path.is_absolute() && std::fs::symlink_metadata(&path).is_ok()).then_some(path)
-    };
-    let hidden_names = BUILTIN_HIDDEN
-        .iter()
-        .map(|s| s.to_string())
-        .chain(settings.profiles.ceiling.hidden.iter().cloned())
-        .chain(profile.hidden.iter().cloned())
-        .collect::<Vec<_>>();
-    let mut hidden: Vec<PathBuf> = hidden_names.iter().filter_map(resolve).collect();
-    // The client's runtime directory: its session bus and `systemd --user`'s socket (either
-    // one runs commands outside any sandbox), the gpg and ssh agents. A read-only mount
-    // does not stop connect(2), so it is hidden, not just read-only.
-    hidden.extend(resolve(&format!("/run/user/{}", account.uid)));
-    hidden.push(settings.socket_dir.clone());
-    FsView {
-        writable: profile.writable.iter().filter_map(resolve).collect(),
-        hidden,
-    }
 }
 
 fn check_argv(argv: &[String]) -> Result<(), PolicyError> {
@@ -247,95 +259,13 @@ fn cwd_path(cwd: &OwnedFd) -> Result<PathBuf, PolicyError> {
     Ok(path)
 }
 
-/// Resolve `cmd` like execvp: a name with a slash is taken as a path (relative to the cwd),
-/// else each PATH entry is tried in order. The file must be a regular file the client
-/// account may execute.
-pub fn resolve_exe(
-    cmd: &str,
-    path_var: &str,
-    cwd: &Path,
-    account: &Account,
-) -> Result<PathBuf, PolicyError> {
-    let candidates: Vec<PathBuf> = if cmd.contains('/') {
-        vec![cwd.join(cmd)]
-    } else {
-        path_var
-            .split(':')
-            .map(|dir| {
-                if dir.is_empty() {
-                    Path::new(".")
-                } else {
-                    Path::new(dir)
-                }
-            })
-            .map(|dir| cwd.join(dir).join(cmd))
-            .collect()
-    };
-    let mut denied = false;
-    for c in candidates {
-        match std::fs::metadata(&c) {
-            Ok(m) if m.is_file() && may_execute(&m, account) => return Ok(c),
-            Ok(_) => denied = true,
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => denied = true,
-            Err(_) => {}
-        }
-    }
-    if denied {
-        Err(PolicyError::NotExecutable(cmd.to_string()))
-    } else {
-        Err(PolicyError::NotFound(cmd.to_string()))
-    }
-}
-
-/// Whether the account's uid or groups have the execute bit on a file.
-fn may_execute(m: &std::fs::Metadata, account: &Account) -> bool {
-    let mode = m.mode();
-    if m.uid() == account.uid {
-        mode & 0o100 != 0
-    } else if account.groups.contains(&m.gid()) || m.gid() == account.gid {
-        mode & 0o010 != 0
-    } else {
-        mode & 0o001 != 0
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn nobody() -> Account {
-        Account {
-            name: "nobody".into(),
-            uid: 65534,
-            gid: 65534,
-            groups: vec![65534],
-            home: "/nonexistent".into(),
-        }
-    }
+    use std::path::Path;
 
     fn dir_fd(p: &Path) -> std::io::Result<OwnedFd> {
         Ok(std::fs::File::open(p)?.into())
-    }
-
-    #[test]
-    fn resolves_like_execvp() -> Result<(), PolicyError> {
-        let a = nobody();
-        let sh = resolve_exe("sh", "/nonexistent:/bin", Path::new("/"), &a)?;
-        assert_eq!(sh, PathBuf::from("/bin/sh"));
-        assert!(matches!(
-            resolve_exe("no-such-cmd-warden", DEFAULT_PATH, Path::new("/"), &a),
-            Err(PolicyError::NotFound(_))
-        ));
-        // /etc/passwd exists but is not executable.
-        assert!(matches!(
-            resolve_exe("/etc/passwd", DEFAULT_PATH, Path::new("/"), &a),
-            Err(PolicyError::NotExecutable(_))
-        ));
-        assert!(matches!(
-            resolve_exe("etc", "/", Path::new("/"), &a),
-            Err(PolicyError::NotExecutable(_))
-        ));
-        Ok(())
     }
 
     #[test]

@@ -7,34 +7,177 @@ use std::time::Duration;
 
 use warden_proto::{Network, Overrides};
 
-/// Paths hidden in every unit (relative to the client's home when they start with `~/`).
+/// Paths hidden in every unit (relative to the client's home when they start with `~/`),
+/// by class: keys and agents, cloud and cluster CLIs, package registries, version control
+/// hosts, databases, password stores and keyrings, browser profiles, shell and REPL
+/// histories, AI agents' own credentials. Each is covered at its canonical target too (a
+/// dotfiles symlink) and wherever a bind mount shows it again. The admin removes entries
+/// with `[ceiling] hidden_except` and adds more with `hidden`.
 pub const BUILTIN_HIDDEN: &[&str] = &[
+    // Keys, agents, tokens of the desktop session.
     "~/.ssh",
-    "~/.aws",
     "~/.gnupg",
-    "~/.config/gh",
-    "~/.netrc",
-    "~/.docker/config.json",
-    "~/.kube",
-    "~/.git-credentials",
-    "~/.config/gcloud",
-    "~/.azure",
+    "~/.pki",
+    "~/.Xauthority",
+    "~/.ICEauthority",
+    "~/.local/share/keyrings",
+    "~/.local/share/kwalletd",
     "~/.password-store",
+    "~/.config/op",
+    "~/.config/Bitwarden CLI",
+    "~/.config/sops",
+    "~/.config/age",
+    // Cloud and cluster CLIs.
+    "~/.aws",
+    "~/.azure",
+    "~/.config/gcloud",
+    "~/.oci",
+    "~/.aliyun",
+    "~/.config/doctl",
+    "~/.config/hcloud",
+    "~/.config/linode-cli",
+    "~/.config/rclone",
+    "~/.s3cfg",
+    "~/.boto",
+    "~/.kube",
+    "~/.docker/config.json",
+    "~/.config/containers/auth.json",
+    "~/.terraform.d/credentials.tfrc.json",
+    "~/.terraformrc",
+    "~/.pulumi/credentials.json",
+    "~/.vault-token",
+    "~/.databrickscfg",
+    "~/.kaggle",
+    "~/.fly",
+    "~/.netlify",
+    "~/.local/share/com.vercel.cli",
+    "~/.config/heroku",
+    "~/.wrangler",
+    "~/.config/.wrangler",
+    "~/.ngrok2",
+    "~/.config/ngrok",
+    // Version control hosts.
+    "~/.netrc",
+    "~/.git-credentials",
+    "~/.config/git/credentials",
+    "~/.config/gh",
+    "~/.config/hub",
+    "~/.config/glab-cli",
+    "~/.config/github-copilot",
+    // Package registries.
+    "~/.npmrc",
+    "~/.yarnrc.yml",
+    "~/.pypirc",
+    "~/.cargo/credentials",
+    "~/.cargo/credentials.toml",
+    "~/.gem/credentials",
+    "~/.m2/settings-security.xml",
+    "~/.gradle/gradle.properties",
+    "~/.composer/auth.json",
+    "~/.config/composer/auth.json",
+    "~/.nuget/NuGet/NuGet.Config",
+    "~/.config/configstore",
+    "~/.huggingface",
+    "~/.cache/huggingface/token",
+    // Databases.
+    "~/.pgpass",
+    "~/.my.cnf",
+    "~/.mylogin.cnf",
+    "~/.dbshell",
+    // AI agents' own credentials.
+    "~/.claude/.credentials.json",
+    "~/.codex/auth.json",
+    "~/.gemini/oauth_creds.json",
+    "~/.local/share/opencode/auth.json",
+    "~/.config/openai",
+    // Browser and mail profiles (cookies, saved passwords).
+    "~/.mozilla",
+    "~/.thunderbird",
+    "~/.config/google-chrome",
+    "~/.config/chromium",
+    "~/.config/BraveSoftware",
+    "~/.config/microsoft-edge",
+    "~/.config/vivaldi",
+    // Shell and REPL histories (commands typed with secrets in them).
+    "~/.bash_history",
+    "~/.zsh_history",
+    "~/.zhistory",
+    "~/.sh_history",
+    "~/.history",
+    "~/.histfile",
+    "~/.local/share/fish/fish_history",
+    "~/.python_history",
+    "~/.node_repl_history",
+    "~/.psql_history",
+    "~/.mysql_history",
+    "~/.sqlite_history",
+    "~/.rediscli_history",
+    "~/.irb_history",
+    "~/.Rhistory",
+    "~/.lesshst",
+    "~/.viminfo",
+    "~/.local/share/nvim/shada",
 ];
 
-/// Environment variables no unit sees, whatever the profile says.
-pub const BUILTIN_ENV_DENY: &[&str] = &[
-    "*_TOKEN",
-    "*_SECRET",
-    "*_SECRET_KEY",
-    "*_PASSWORD",
-    "*_API_KEY",
-    "AWS_*",
-    "GITHUB_TOKEN",
-    "SSH_AUTH_SOCK",
-    "GPG_AGENT_INFO",
-    "WARDEN_SOCKET",
+/// Paths kept read-only inside a writable working directory (and each writable path, and
+/// the git repositories directly below them), because something outside any unit runs
+/// or trusts what they say later: git hooks and config (`core.hooksPath`, `core.fsmonitor`,
+/// `core.sshCommand`, filters), hook frameworks, editor and agent settings, direnv, shell
+/// start-up files. The admin removes entries with `[ceiling] protected_except` and adds
+/// more with `protected`.
+pub const BUILTIN_PROTECTED: &[&str] = &[
+    ".git/hooks",
+    ".git/config",
+    ".git/info",
+    ".gitmodules",
+    ".pre-commit-config.yaml",
+    ".husky",
+    "lefthook.yml",
+    ".lefthook.yml",
+    ".vscode",
+    ".idea",
+    ".zed",
+    ".devcontainer",
+    ".envrc",
+    ".mcp.json",
+    ".claude",
+    ".cursor",
+    ".codex",
+    ".gemini",
+    ".bashrc",
+    ".bash_profile",
+    ".bash_login",
+    ".bash_logout",
+    ".profile",
+    ".zshrc",
+    ".zprofile",
+    ".zshenv",
+    ".zlogin",
+    ".zlogout",
+    ".cshrc",
+    ".tcshrc",
 ];
+
+/// The default profile's memory limit, as a fraction of the host's RAM: a memory hog (or
+/// a unit filling its /tmp, which is memory) is killed before the host swaps to a halt.
+pub const DEFAULT_MEMORY_FRACTION: (u64, u64) = (1, 2);
+
+/// The default profile's CPU weight (cgroup v2 scale, 1–10000; 100 is the kernel's
+/// default and wardend's own): below the daemon's, so a busy unit never starves it.
+pub const DEFAULT_CPU_WEIGHT: u32 = 50;
+
+const _: () = assert!(DEFAULT_CPU_WEIGHT < 100, "below the daemon's default weight");
+
+/// `DEFAULT_MEMORY_FRACTION` of this host's RAM, rounded down to MiB.
+pub fn default_memory_max() -> u64 {
+    let info = rustix::system::sysinfo();
+    #[allow(clippy::useless_conversion)] // `totalram` is not u64 on every target
+    let total = u64::try_from(info.totalram)
+        .unwrap_or(u64::MAX)
+        .saturating_mul(u64::from(info.mem_unit.max(1)));
+    let (num, den) = DEFAULT_MEMORY_FRACTION;
+    (total / den * num) & !((1 << 20) - 1)
+}
 
 /// Package caches the built-in profiles keep writable (when they exist).
 pub const BUILTIN_CACHES: &[&str] = &["~/.cargo/registry", "~/.cargo/git", "~/.npm", "~/.cache"];
@@ -50,12 +193,17 @@ pub struct Profile {
     pub tasks_max: Option<u64>,
     /// CPU quota, percent of one CPU.
     pub cpu_quota_percent: Option<u32>,
+    /// CPU weight against other units and the daemon (cgroup v2 scale, 1–10000).
+    pub cpu_weight: Option<u32>,
     /// Wall-time limit.
     pub timeout: Option<Duration>,
     /// Extra writable paths (`~/` = the client's home).
     pub writable: Vec<String>,
     /// Extra hidden paths, on top of the built-in and the ceiling's.
     pub hidden: Vec<String>,
+    /// Extra protected paths (relative to each writable directory), on top of the built-in
+    /// and the ceiling's.
+    pub protected: Vec<String>,
     /// If not empty, only variables matching one of these patterns pass.
     pub env_pass: Vec<String>,
     /// Variables matching these are removed (on top of the built-in deny list).
@@ -65,16 +213,19 @@ pub struct Profile {
 }
 
 impl Profile {
-    /// The built-in `default`: loopback only, no credentials, a fork bomb dies alone.
+    /// The built-in `default`: loopback only, no credentials, bounded: a fork bomb or a
+    /// memory hog dies alone, and the daemon keeps its CPU.
     pub fn builtin_default() -> Self {
         Self {
             network: Network::Loopback,
-            memory_max: None,
+            memory_max: Some(default_memory_max()),
             tasks_max: Some(4096),
             cpu_quota_percent: None,
+            cpu_weight: Some(DEFAULT_CPU_WEIGHT),
             timeout: None,
             writable: BUILTIN_CACHES.iter().map(|s| s.to_string()).collect(),
             hidden: Vec::new(),
+            protected: Vec::new(),
             env_pass: Vec::new(),
             env_deny: Vec::new(),
             pty: false,
@@ -160,6 +311,9 @@ impl Profile {
         if let Err((a, l)) = tighter(cpu(ceiling.cpu_quota_percent), cpu(self.cpu_quota_percent)) {
             return Some(("cpu_quota", format!("{a}%"), format!("{l}%")));
         }
+        if let Err((a, l)) = tighter(cpu(ceiling.cpu_weight), cpu(self.cpu_weight)) {
+            return Some(("cpu_weight", a.to_string(), l.to_string()));
+        }
         let ms = |d: Option<Duration>| d.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         if let Err((a, l)) = tighter(ms(ceiling.timeout), ms(self.timeout)) {
             return Some(("timeout", format_ms(a), format_ms(l)));
@@ -175,7 +329,27 @@ impl Profile {
         self.memory_max = self.memory_max.or(ceiling.memory_max);
         self.tasks_max = self.tasks_max.or(ceiling.tasks_max);
         self.cpu_quota_percent = self.cpu_quota_percent.or(ceiling.cpu_quota_percent);
+        self.cpu_weight = self.cpu_weight.or(ceiling.cpu_weight);
         self.timeout = self.timeout.or(ceiling.timeout);
+        self
+    }
+
+    /// Bring every limit above the ceiling's down to it (for the built-in profiles, which
+    /// the admin did not write).
+    pub fn narrowed_to(mut self, ceiling: &Ceiling) -> Self {
+        fn min<T: Ord + Copy>(a: Option<T>, b: Option<T>) -> Option<T> {
+            match (a, b) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            }
+        }
+        self.network = self.network.min(ceiling.network);
+        self.pty = self.pty && ceiling.pty;
+        self.memory_max = min(self.memory_max, ceiling.memory_max);
+        self.tasks_max = min(self.tasks_max, ceiling.tasks_max);
+        self.cpu_quota_percent = min(self.cpu_quota_percent, ceiling.cpu_quota_percent);
+        self.cpu_weight = min(self.cpu_weight, ceiling.cpu_weight);
+        self.timeout = min(self.timeout, ceiling.timeout);
         self
     }
 }
@@ -200,14 +374,25 @@ pub struct Ceiling {
     pub tasks_max: Option<u64>,
     /// Largest CPU quota.
     pub cpu_quota_percent: Option<u32>,
+    /// Largest CPU weight.
+    pub cpu_weight: Option<u32>,
     /// Longest wall-time limit.
     pub timeout: Option<Duration>,
     /// Whether any profile may allow a pty.
     pub pty: bool,
     /// Paths hidden in every unit, on top of the built-in list.
     pub hidden: Vec<String>,
-    /// Variables removed in every unit, on top of the built-in list.
+    /// Built-in hidden paths this host does not hide (exact entries of [`BUILTIN_HIDDEN`]).
+    pub hidden_except: Vec<String>,
+    /// Paths protected in every unit, on top of the built-in list.
+    pub protected: Vec<String>,
+    /// Built-in protected paths this host does not protect.
+    pub protected_except: Vec<String>,
+    /// Variables removed in every unit, on top of the built-in classes.
     pub env_deny: Vec<String>,
+    /// Patterns of variables the built-in secret classes would remove that this host lets
+    /// through.
+    pub env_allow: Vec<String>,
 }
 
 impl Default for Ceiling {
@@ -217,10 +402,15 @@ impl Default for Ceiling {
             memory_max: None,
             tasks_max: None,
             cpu_quota_percent: None,
+            cpu_weight: None,
             timeout: None,
             pty: true,
             hidden: Vec::new(),
+            hidden_except: Vec::new(),
+            protected: Vec::new(),
+            protected_except: Vec::new(),
             env_deny: Vec::new(),
+            env_allow: Vec::new(),
         }
     }
 }
@@ -250,10 +440,7 @@ impl Profiles {
             ("online", Profile::builtin_online()),
             ("offline", Profile::builtin_offline()),
         ] {
-            let mut p = p;
-            p.network = p.network.min(ceiling.network);
-            p.pty = p.pty && ceiling.pty;
-            profiles.insert(name.to_string(), p);
+            profiles.insert(name.to_string(), p.narrowed_to(&ceiling));
         }
         profiles.extend(configured);
         let profiles = profiles
@@ -401,7 +588,10 @@ mod tests {
 
     #[test]
     fn unlimited_profile_takes_any_tightening() {
-        let p = Profile::builtin_online();
+        let p = Profile {
+            memory_max: None,
+            ..Profile::builtin_online()
+        };
         let t = p.tighten(
             "online",
             &Overrides {
@@ -439,9 +629,10 @@ mod tests {
             ps.profiles.get("online").map(|p| p.network),
             Some(Network::Loopback)
         );
+        // The built-in default's share of RAM, narrowed to the ceiling where that is lower.
         assert_eq!(
             ps.profiles.get("default").and_then(|p| p.memory_max),
-            Some(2 << 30)
+            Some(default_memory_max().min(2 << 30))
         );
         assert_eq!(
             Profile::builtin_online().exceeds(&ceiling).map(|e| e.0),
@@ -462,6 +653,16 @@ mod tests {
             ..Profile::builtin_default()
         };
         assert_eq!(fine.exceeds(&ceiling), None);
+    }
+
+    #[test]
+    fn the_default_profile_is_bounded() {
+        let d = Profile::builtin_default();
+        let ram = rustix::system::sysinfo().totalram as u64;
+        let mem = d.memory_max.unwrap_or(0);
+        assert!(mem > 0 && mem <= ram / 2, "{mem} of {ram}");
+        assert_eq!(d.cpu_weight, Some(DEFAULT_CPU_WEIGHT));
+        assert_eq!(d.tasks_max, Some(4096));
     }
 
     #[test]

@@ -39,18 +39,41 @@ pub struct Limits {
     pub tasks_max: Option<u64>,
     /// CPU quota in percent of one CPU (e.g. 200 = two CPUs).
     pub cpu_quota_percent: Option<u32>,
+    /// CPU weight against other units and the daemon (cgroup v2 scale, 1–10000).
+    pub cpu_weight: Option<u32>,
     /// Wall-time limit.
     pub timeout: Option<Duration>,
 }
 
-/// The filesystem view of a unit, beyond the baseline every unit gets (system read-only,
-/// home read-only, private /tmp, the cwd writable, wardend's socket directory hidden).
+/// The filesystem view of a unit, beyond the baseline every unit gets (the system
+/// read-only, the home read-only, private `/tmp`, `/var/tmp`, `/run`, `/dev`, `/proc`,
+/// `/sys`). Every path is canonical (see `policy::view`): a backend mounts by descriptor and
+/// fails a start where one has become a symlink since.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FsView {
-    /// Extra paths that stay writable (the cwd is always writable).
+    /// Whether the working directory is writable. It is not when it is `/`, the home, or
+    /// an ancestor of the home, of a hidden path or of a private directory, or inside a
+    /// protected path: the command then runs there read-only.
+    pub cwd_writable: bool,
+    /// Extra paths that stay writable.
     pub writable: Vec<PathBuf>,
-    /// Paths the unit cannot see at all (includes wardend's socket directory).
+    /// Paths the unit cannot see at all (includes wardend's socket directory and every
+    /// bind-mount alias of each).
     pub hidden: Vec<PathBuf>,
+    /// Paths that stay read-only inside the writable ones (git hooks and config, editor and
+    /// agent settings, shell start-up files); may be symlinks themselves.
+    pub protected: Vec<PathBuf>,
+    /// Directories mounted on themselves inside the writable ones, so that a protected path
+    /// below cannot be renamed away with them (a repository's `.git`).
+    pub pinned: Vec<PathBuf>,
+    /// The host's bound Unix sockets a unit could otherwise reach by path: covered.
+    pub sockets: Vec<PathBuf>,
+    /// Kernel filesystems mounted outside the private directories, and other mounts of the
+    /// host's private directories: covered.
+    pub kernel_mounts: Vec<PathBuf>,
+    /// Host files under `/run` that the private `/run` gets read-only (the resolver
+    /// configuration).
+    pub run_files: Vec<PathBuf>,
 }
 
 /// A fully validated description of one unit: every check done, every path resolved.
@@ -61,8 +84,9 @@ pub struct UnitSpec {
     pub name: UnitName,
     /// The command as requested (`argv[0]` as the command will see it).
     pub argv: Vec<String>,
-    /// The absolute path to execute, resolved like execvp against the request's PATH.
-    pub exe: PathBuf,
+    /// The `PATH` `argv[0]` is looked up in (like execvp), inside the unit, with the
+    /// client's credentials: no answer depends on what only root can see.
+    pub path: String,
     /// The command's environment, already filtered by policy.
     pub env: Vec<(String, String)>,
     /// The working directory: a directory fd, and its path, checked to be the same inode.
@@ -113,6 +137,17 @@ pub enum UnitError {
         /// What failed.
         cause: String,
     },
+    /// The command was not found (looked up inside the unit, as the client).
+    #[error("{0}: command not found")]
+    NotFound(String),
+    /// The command was found but cannot be executed.
+    #[error("{command}: {why}")]
+    NotExecutable {
+        /// `argv[0]`.
+        command: String,
+        /// Why (`permission denied`, `exec format error`).
+        why: String,
+    },
     /// The host lacks what the backend needs to keep its promises.
     #[error("{0}")]
     Unsupported(String),
@@ -126,6 +161,34 @@ pub enum UnitError {
         /// The error.
         source: std::io::Error,
     },
+}
+
+/// An errno as people read it: "permission denied", "exec format error".
+pub fn errno_text(errno: i32) -> String {
+    let text = std::io::Error::from_raw_os_error(errno).to_string();
+    let text = text.split(" (os error").next().unwrap_or(&text);
+    let mut chars = text.chars();
+    chars
+        .next()
+        .map(|c| c.to_lowercase().chain(chars).collect())
+        .unwrap_or_default()
+}
+
+/// Where execvp would look for `cmd`: `cmd` itself if it has a slash, else each entry of
+/// `path` (an empty entry is the working directory).
+pub fn exec_candidates(cmd: &str, path: &str) -> Vec<String> {
+    if cmd.contains('/') {
+        return vec![cmd.to_string()];
+    }
+    path.split(':')
+        .map(|dir| {
+            if dir.is_empty() {
+                cmd.to_string()
+            } else {
+                format!("{}/{cmd}", dir.trim_end_matches('/'))
+            }
+        })
+        .collect()
 }
 
 /// A started unit. Dropping it without [`RunningUnit::stop`] is a bug the session guards
@@ -215,9 +278,11 @@ impl Backend {
                 shim.describe()
             );
         }
-        Ok(systemd::SystemdManager::connect(prefix)
+        systemd::SystemdManager::connect(prefix)
             .await?
-            .with_exec_shim(shim))
+            .with_exec_shim(shim)
+            .with_lifeline()
+            .await
     }
 }
 

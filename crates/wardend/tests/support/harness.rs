@@ -522,9 +522,11 @@ impl Harness {
                     "--no-legend",
                     &pattern,
                 ])?;
+                // Units only (not the lifeline service every unit is bound to).
                 Ok(String::from_utf8_lossy(&out.stdout)
                     .lines()
                     .filter_map(|l| l.split_whitespace().next())
+                    .filter(|u| wardend::units::name::is_unit_of(&self.prefix, u))
                     .map(str::to_string)
                     .collect())
             }

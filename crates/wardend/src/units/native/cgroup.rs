@@ -72,38 +72,30 @@ impl Hierarchy {
 /// The hierarchies of this host the backend uses, read from `/proc/self/mountinfo`: the
 /// first cgroup2 mount, and every v1 mount that holds a controller of [`V1Controller`].
 pub fn detect() -> Result<Vec<Hierarchy>, UnitError> {
-    let mountinfo = fs::read_to_string("/proc/self/mountinfo").map_err(|source| UnitError::Io {
+    let mounts = crate::mountinfo::read().map_err(|source| UnitError::Io {
         step: "reading",
         path: "/proc/self/mountinfo".into(),
         source,
     })?;
-    Ok(parse_mountinfo(&mountinfo))
+    Ok(hierarchies(&mounts))
 }
 
-fn parse_mountinfo(mountinfo: &str) -> Vec<Hierarchy> {
+fn hierarchies(mounts: &[crate::mountinfo::Mount]) -> Vec<Hierarchy> {
     let mut v2 = None;
     let mut v1 = Vec::new();
-    for line in mountinfo.lines() {
-        let fields: Vec<&str> = line.split(' ').collect();
-        let Some(dash) = fields.iter().position(|f| *f == "-") else {
-            continue;
-        };
-        let (Some(mount_point), Some(fstype), Some(options)) =
-            (fields.get(4), fields.get(dash + 1), fields.get(dash + 3))
-        else {
-            continue;
-        };
-        match *fstype {
-            "cgroup2" if v2.is_none() && Path::new(mount_point).join("cgroup.procs").exists() => {
-                v2 = Some(Hierarchy::V2(PathBuf::from(mount_point)));
+    for m in mounts {
+        match m.fstype.as_str() {
+            "cgroup2" if v2.is_none() && m.point.join("cgroup.procs").exists() => {
+                v2 = Some(Hierarchy::V2(m.point.clone()));
             }
             "cgroup" => {
-                let controllers: Vec<V1Controller> = options
+                let controllers: Vec<V1Controller> = m
+                    .super_options
                     .split(',')
                     .filter_map(V1Controller::from_option)
                     .collect();
                 if !controllers.is_empty() {
-                    v1.push(Hierarchy::V1(controllers, PathBuf::from(mount_point)));
+                    v1.push(Hierarchy::V1(controllers, m.point.clone()));
                 }
             }
             _ => {}
@@ -306,6 +298,21 @@ impl UnitCgroup {
                 (Some(d), _) => write(&d.join("pids.max"), &n.to_string())?,
                 (None, Some(d)) => write(&d.join("pids.max"), &n.to_string())?,
                 (None, None) => return Err(missing("pids")),
+            }
+        }
+        if let Some(weight) = limits.cpu_weight {
+            // Best effort: a host without a cpu controller for us has no weights at all.
+            match (
+                self.v2().filter(|d| d.join("cpu.weight").exists()),
+                self.v1(V1Controller::Cpu),
+            ) {
+                (Some(d), _) => write(&d.join("cpu.weight"), &weight.to_string())?,
+                // v1 shares: 1024 is the default weight 100.
+                (None, Some(d)) => write(
+                    &d.join("cpu.shares"),
+                    &(u64::from(weight) * 1024 / 100).max(2).to_string(),
+                )?,
+                (None, None) => tracing::debug!("no cpu controller: CPU weight not applied"),
             }
         }
         if let Some(pct) = limits.cpu_quota_percent {
@@ -518,7 +525,7 @@ mod tests {
 40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
 ";
         assert_eq!(
-            parse_mountinfo(mi),
+            hierarchies(&crate::mountinfo::parse(mi)),
             vec![
                 Hierarchy::V1(
                     vec![V1Controller::Cpu, V1Controller::Cpuacct],

@@ -5,20 +5,28 @@
 //! locks, no glibc wrappers that talk to other threads (setuid and friends go through
 //! `syscall` directly). Every path ends in `execve` or `_exit`.
 //!
-//! The clone child is PID 1 of the unit's pid namespace: it builds the view, drops its
-//! privileges, forks the command and stays as a tiny init that forwards signals, reaps
-//! zombies and reports the command's wait status. Failures before exec are reported as
-//! [`StartFailure`]s on the close-on-exec start pipe.
+//! The clone child is PID 1 of the unit's pid namespace: it closes every descriptor it
+//! does not need (the clone copied wardend's whole table: the listener, other clients'
+//! sockets), builds the view, drops its privileges, forks the command and stays as a tiny
+//! init that forwards signals, reaps zombies and reports the command's wait status. It
+//! also watches wardend's lifeline, a pipe whose write end only wardend holds: when
+//! wardend dies, for any reason, the init exits and the kernel kills every process of its
+//! pid namespace. Failures before exec are reported as [`StartFailure`]s on the
+//! close-on-exec start pipe.
 
 use std::ffi::{c_char, CStr};
 use std::os::fd::RawFd;
 
-use super::mounts::{self, errno, CompiledOp};
+use super::mounts::{self, errno, ApplyState, CompiledOp};
 use super::report::{CommandStatus, StartFailure, Step};
 use super::seccomp::{self, Program};
 
 /// Everything the child needs, prepared before the clone.
 pub struct ChildArgs<'a> {
+    /// Every descriptor below that the child keeps, sorted; it closes all others first.
+    pub keep: &'a [RawFd],
+    /// The read end of wardend's lifeline: it hangs up when wardend is gone.
+    pub lifeline: RawFd,
     /// `cgroup.procs` of the unit's v1 cgroups, open for writing.
     pub v1_procs: &'a [RawFd],
     /// The mount plan.
@@ -41,8 +49,9 @@ pub struct ChildArgs<'a> {
     pub stdio: [RawFd; 3],
     /// `/dev/null` (in the new root).
     pub dev_null: &'a CStr,
-    /// The program.
-    pub exe: &'a CStr,
+    /// Where to look for the program, in order (execvp's PATH search, made here: inside
+    /// the unit's view, as the client).
+    pub candidates: &'a [*const c_char],
     /// NULL-terminated argv.
     pub argv: &'a [*const c_char],
     /// NULL-terminated environment.
@@ -59,13 +68,16 @@ pub struct ChildArgs<'a> {
 /// them around the clone) so that nothing is lost or run by an inherited handler.
 pub fn run(a: &ChildArgs<'_>) -> ! {
     match start_sequence(a) {
-        Ok(command) => supervise(a.status_fd, command),
+        Ok(command) => supervise(a.status_fd, a.lifeline, command),
         Err(failure) => fail(a.start_fd, failure),
     }
 }
 
 /// The start sequence, a step a line, in order. Runs as root, PID 1 of the new pid namespace.
 fn start_sequence(a: &ChildArgs<'_>) -> Result<libc::pid_t, StartFailure> {
+    // First: nothing of wardend's descriptor table but what the unit needs (and never the
+    // lifeline's write end, which would keep the unit alive after wardend).
+    close_all_except(a.keep).map_err(|e| StartFailure::setup_failed(Step::CloseFds, e))?;
     // Handlers inherited from wardend (tokio's) must never run here.
     reset_signal_dispositions();
     // Cgroups first: every process forked from here on is born in them. (v2: already there
@@ -73,8 +85,9 @@ fn start_sequence(a: &ChildArgs<'_>) -> Result<libc::pid_t, StartFailure> {
     join_v1_cgroups(a.v1_procs)?;
     // The filesystem view, ending with pivot_root: host paths are unreachable after it, so
     // everything that needs one (cgroup files, device nodes) came before.
+    let mut view = ApplyState::new();
     for (i, op) in a.mounts.iter().enumerate() {
-        mounts::apply(op).map_err(|e| StartFailure::mount_failed(i, e))?;
+        mounts::apply(op, &mut view).map_err(|e| StartFailure::mount_failed(i, e))?;
     }
     set_hostname(a.hostname)?;
     if a.loopback {
@@ -115,33 +128,109 @@ fn command(a: &ChildArgs<'_>) -> ! {
     if let Err(e) = seccomp::apply(a.seccomp) {
         fail(a.start_fd, StartFailure::setup_failed(Step::Seccomp, e));
     }
-    // SAFETY: exe is a C string; argv and envp are NULL-terminated arrays of C strings, all
-    // prepared before the clone and alive in our copy of the parent's memory.
-    unsafe { libc::execve(a.exe.as_ptr(), a.argv.as_ptr(), a.envp.as_ptr()) };
-    fail(a.start_fd, StartFailure::exec_failed(errno()))
+    fail(a.start_fd, StartFailure::exec_failed(exec_search(a)))
+}
+
+/// execvp's search: try each candidate; go on past one that is missing or not executable,
+/// stop at any other error. Returns the errno to report (only if nothing could be run):
+/// EACCES if a candidate existed but could not be executed, else the last error.
+fn exec_search(a: &ChildArgs<'_>) -> i32 {
+    let mut result = libc::ENOENT;
+    for &path in a.candidates {
+        // SAFETY: `path` is a C string; argv and envp are NULL-terminated arrays of C
+        // strings, all prepared before the clone and alive in our copy of its memory.
+        unsafe { libc::execve(path, a.argv.as_ptr(), a.envp.as_ptr()) };
+        match errno() {
+            libc::EACCES => result = libc::EACCES,
+            libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
+            other => return other,
+        }
+    }
+    result
 }
 
 /// The unit's init after the command was forked: forward every signal to the command,
 /// reap every child, and when the command ended report its wait status and exit (which
-/// kills whatever is left in the pid namespace).
-fn supervise(status_fd: RawFd, command: libc::pid_t) -> ! {
-    // Init holds nothing but the status pipe (the start pipe closes here: once the command
-    // has exec'd too, wardend reads EOF).
-    if status_fd > 0 {
-        let _ = close_range(0, (status_fd - 1) as u32, 0);
-    }
-    let _ = close_range(status_fd as u32 + 1, u32::MAX, 0);
+/// kills whatever is left in the pid namespace). When wardend's lifeline hangs up, exit
+/// at once: the kernel then kills every process of the unit.
+fn supervise(status_fd: RawFd, lifeline: RawFd, command: libc::pid_t) -> ! {
+    // Init holds nothing but the status pipe and the lifeline (the start pipe closes here:
+    // once the command has exec'd too, wardend reads EOF).
+    let mut keep = [status_fd, lifeline];
+    keep.sort_unstable();
+    let _ = close_all_except(&keep);
     let all = full_sigset();
+    // Signals stay blocked; they are read from a signalfd, polled with the lifeline.
+    // SAFETY: `all` is an initialised sigset; 8 is the kernel's sigset size.
+    let sfd = unsafe { libc::syscall(libc::SYS_signalfd4, -1, &all, 8usize, libc::SFD_CLOEXEC) };
+    if sfd < 0 {
+        // Without a signalfd, nothing can be forwarded: end the unit rather than run it
+        // unsupervised.
+        // SAFETY: _exit ends the process; nothing to unwind.
+        unsafe { libc::_exit(125) };
+    }
+    let sfd = sfd as RawFd;
     loop {
-        // SAFETY: `all` is an initialised sigset on our stack; no siginfo is requested.
-        let sig = unsafe { libc::sigwaitinfo(&all, std::ptr::null_mut()) };
+        let mut fds = [
+            libc::pollfd {
+                fd: sfd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: lifeline,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: `fds` is an array of two pollfds on our stack.
+        if unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) } < 0 {
+            continue; // EINTR
+        }
+        if fds[1].revents != 0 {
+            // wardend is gone (its end of the pipe closed): take the unit with us.
+            // SAFETY: _exit ends the process; the kernel kills the pid namespace.
+            unsafe { libc::_exit(137) };
+        }
+        if fds[0].revents & libc::POLLIN != 0 {
+            forward_signals(sfd, status_fd, command);
+        }
+    }
+}
+
+/// Read what the signalfd holds: reap on SIGCHLD, forward everything else to the command.
+fn forward_signals(sfd: RawFd, status_fd: RawFd, command: libc::pid_t) {
+    // SAFETY: a zeroed signalfd_siginfo array is valid for read(2) to fill.
+    let mut infos: [libc::signalfd_siginfo; 8] = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of_val(&infos);
+    // SAFETY: `infos` is a writable buffer of `size` bytes.
+    let n = unsafe { libc::read(sfd, infos.as_mut_ptr().cast(), size) };
+    if n <= 0 {
+        return;
+    }
+    let count = n as usize / std::mem::size_of::<libc::signalfd_siginfo>();
+    for info in infos.iter().take(count) {
+        let sig = info.ssi_signo as i32;
         if sig == libc::SIGCHLD {
             reap(status_fd, command);
-        } else if sig > 0 {
+        } else {
             // SAFETY: kill with plain integers.
             unsafe { libc::kill(command, sig) };
         }
     }
+}
+
+/// Close every descriptor but those in `keep` (sorted, no duplicates needed).
+fn close_all_except(keep: &[RawFd]) -> Result<(), i32> {
+    let mut next: u32 = 0;
+    for &fd in keep {
+        let Ok(fd) = u32::try_from(fd) else { continue };
+        if fd > next {
+            close_range(next, fd - 1, 0)?;
+        }
+        next = next.max(fd.saturating_add(1));
+    }
+    close_range(next, u32::MAX, 0)
 }
 
 fn reap(status_fd: RawFd, command: libc::pid_t) {

@@ -35,7 +35,9 @@ use self::clone::Forked;
 use self::mounts::{CompiledOp, HostProbe, MountOp, ViewSpec};
 use self::report::{CommandStatus, StartFailure, Step};
 use self::seccomp::Filter;
-use super::{name, RunningUnit, UnitError, UnitManager, UnitName, UnitSpec};
+use super::{
+    errno_text, exec_candidates, name, RunningUnit, UnitError, UnitManager, UnitName, UnitSpec,
+};
 
 /// The empty host directory every unit's new root is built on (each unit mounts on it in its
 /// own mount namespace; the host never sees those mounts).
@@ -49,6 +51,10 @@ pub struct NativeManager {
     prefix: String,
     cgroups: Cgroups,
     new_root: PathBuf,
+    /// wardend's lifeline: every unit's init holds the read end and exits when it hangs
+    /// up, which it does when this process (the only holder of the write end) is gone.
+    lifeline: OwnedFd,
+    _lifeline_writer: OwnedFd,
 }
 
 impl NativeManager {
@@ -67,10 +73,19 @@ impl NativeManager {
             path: NEW_ROOT.into(),
             source,
         })?;
+        // Both ends close-on-exec; a unit's child closes every descriptor but the read end.
+        let (lifeline, writer) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| UnitError::Io {
+                step: "creating the lifeline pipe",
+                path: String::new(),
+                source: e.into(),
+            })?;
         Ok(Self {
             prefix: prefix.to_string(),
             cgroups,
             new_root,
+            lifeline,
+            _lifeline_writer: writer,
         })
     }
 
@@ -85,8 +100,9 @@ struct Prepared {
     mounts: Vec<CompiledOp>,
     /// The mount trees of the cwd and the writable paths, cloned for the child to attach
     /// (the plan holds their numbers).
-    _trees: Vec<OwnedFd>,
-    exe: CString,
+    trees: Vec<OwnedFd>,
+    /// Where execvp would look for `argv[0]`, in order.
+    candidates: Vec<CString>,
     argv: Vec<CString>,
     env: Vec<CString>,
     cwd_path: CString,
@@ -102,12 +118,19 @@ impl Prepared {
             let path = path.display().to_string();
             move |source: io::Error| UnitError::Io { step, path, source }
         };
-        let cwd_tree = mounts::clone_tree(spec.cwd.as_fd()).map_err(io_err(
-            "cloning the mount of the working directory",
-            &spec.cwd_path,
-        ))?;
+        let mut trees = Vec::new();
+        let cwd_tree = if spec.fs.cwd_writable {
+            let tree = mounts::clone_tree(spec.cwd.as_fd()).map_err(io_err(
+                "cloning the mount of the working directory",
+                &spec.cwd_path,
+            ))?;
+            let raw = tree.as_raw_fd();
+            trees.push(tree);
+            Some(raw)
+        } else {
+            None
+        };
         let mut writable = Vec::new();
-        let mut trees = vec![cwd_tree];
         for path in &spec.fs.writable {
             let Some(fd) = open_canonical(path).map_err(io_err("opening writable path", path))?
             else {
@@ -120,10 +143,11 @@ impl Prepared {
         }
         let view = ViewSpec {
             new_root,
-            cwd_tree: trees[0].as_raw_fd(),
+            cwd_tree,
             cwd_path: &spec.cwd_path,
             writable: &writable,
-            hidden: &spec.fs.hidden,
+            fs: &spec.fs,
+            tmpfs_size: spec.limits.memory_max,
         };
         let strings = |e: io::Error| UnitError::Start {
             unit: spec.name.to_string(),
@@ -134,10 +158,15 @@ impl Prepared {
             unit: spec.name.to_string(),
             cause: e.to_string(),
         })?;
+        let argv0 = spec.argv.first().map_or("", String::as_str);
         Ok(Self {
-            _trees: trees,
+            trees,
             mounts,
-            exe: cstring(spec.exe.as_os_str().as_bytes()).map_err(strings)?,
+            candidates: exec_candidates(argv0, &spec.path)
+                .iter()
+                .map(|c| cstring(c.as_bytes()))
+                .collect::<io::Result<_>>()
+                .map_err(strings)?,
             argv: spec
                 .argv
                 .iter()
@@ -156,10 +185,30 @@ impl Prepared {
         })
     }
 
+    /// The error for a start failure reported by the child: not found (127) and not
+    /// executable (126) are the command's; anything else is the unit's.
+    fn failure(&self, unit: &str, f: &StartFailure) -> UnitError {
+        let command = self
+            .argv
+            .first()
+            .map(|a| a.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        match (f.step, f.errno) {
+            (Step::Exec, libc::ENOENT | libc::ENOTDIR) => UnitError::NotFound(command),
+            (Step::Exec, e) => UnitError::NotExecutable {
+                command,
+                why: errno_text(e),
+            },
+            _ => UnitError::Start {
+                unit: unit.to_string(),
+                cause: self.describe(f),
+            },
+        }
+    }
+
     /// Say what a start failure reported by the child was about.
     fn describe(&self, f: &StartFailure) -> String {
         match f.step {
-            Step::Exec => format!("executing {}: {}", self.exe.to_string_lossy(), f.error()),
             Step::Mount => match self.mounts.get(f.index as usize).map(CompiledOp::op) {
                 Some(op) => format!("{} ({}): {}", f.step.describe(), describe_op(op), f.error()),
                 None => f.to_string(),
@@ -219,7 +268,12 @@ struct Spawned {
 
 /// Clone the unit's init. Synchronous: the raw pointers handed to the child never cross an
 /// await.
-fn spawn(spec: &UnitSpec, p: &Prepared, cg: &UnitCgroup) -> Result<Spawned, UnitError> {
+fn spawn(
+    spec: &UnitSpec,
+    p: &Prepared,
+    cg: &UnitCgroup,
+    lifeline: BorrowedFd<'_>,
+) -> Result<Spawned, UnitError> {
     let unit = spec.name.to_string();
     let io_err = |step: &'static str| {
         let unit = unit.clone();
@@ -242,9 +296,27 @@ fn spawn(spec: &UnitSpec, p: &Prepared, cg: &UnitCgroup) -> Result<Spawned, Unit
     .map_err(io_err("creating the status pipe for"))?;
     let argv = null_terminated(&p.argv);
     let envp = null_terminated(&p.env);
+    let candidates: Vec<*const c_char> = p.candidates.iter().map(|c| c.as_ptr()).collect();
     let raw = |fd: &Option<OwnedFd>| fd.as_ref().map_or(-1, AsRawFd::as_raw_fd);
     let seccomp = p.seccomp.program();
+    let mut keep: Vec<RawFd> = v1_raw
+        .iter()
+        .copied()
+        .chain(p.trees.iter().map(AsRawFd::as_raw_fd))
+        .chain(spec.stdio.iter().map(raw))
+        .chain([
+            spec.cwd.as_raw_fd(),
+            start_w.as_raw_fd(),
+            status_w.as_raw_fd(),
+            lifeline.as_raw_fd(),
+        ])
+        .filter(|fd| *fd >= 0)
+        .collect();
+    keep.sort_unstable();
+    keep.dedup();
     let args = ChildArgs {
+        keep: &keep,
+        lifeline: lifeline.as_raw_fd(),
         v1_procs: &v1_raw,
         mounts: &p.mounts,
         hostname: HOSTNAME,
@@ -260,7 +332,7 @@ fn spawn(spec: &UnitSpec, p: &Prepared, cg: &UnitCgroup) -> Result<Spawned, Unit
             raw(&spec.stdio[2]),
         ],
         dev_null: c"/dev/null",
-        exe: &p.exe,
+        candidates: &candidates,
         argv: &argv,
         envp: &envp,
         start_fd: start_w.as_raw_fd(),
@@ -333,7 +405,7 @@ impl UnitManager for NativeManager {
         let prepared = Prepared::new(&spec, &self.new_root)?;
         let cgroup = self.cgroups.create(&unit, &spec.limits)?;
         let started = Instant::now();
-        let spawned = match spawn(&spec, &prepared, &cgroup) {
+        let spawned = match spawn(&spec, &prepared, &cgroup, self.lifeline.as_fd()) {
             Ok(s) => s,
             Err(e) => {
                 let _ = cgroup.remove();
@@ -380,12 +452,12 @@ impl UnitManager for NativeManager {
         let report = tokio::task::spawn_blocking(move || read_start_report(start)).await;
         let failure = match report {
             Ok(Ok(None)) => return Ok(handle),
-            Ok(Ok(Some(f))) => prepared.describe(&f),
-            Ok(Err(e)) => format!("reading the start report: {e}"),
-            Err(e) => format!("reading the start report: {e}"),
+            Ok(Ok(Some(f))) => prepared.failure(&unit, &f),
+            Ok(Err(e)) => start_err(format!("reading the start report: {e}")),
+            Err(e) => start_err(format!("reading the start report: {e}")),
         };
         let _ = handle.stop().await;
-        Err(start_err(failure))
+        Err(failure)
     }
 
     async fn cleanup_orphans(&self) -> Result<Vec<String>, UnitError> {

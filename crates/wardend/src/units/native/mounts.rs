@@ -1,125 +1,154 @@
 //! The unit's filesystem view as a plan (bubblewrap style): [`plan`] turns the spec into a
-//! list of [`MountOp`]s without touching the system (unit-tested), [`compile`] turns them into
-//! C strings before the clone, and [`apply`] performs one in the child with raw syscalls.
+//! list of [`MountOp`]s without touching the system (unit-tested), [`compile`] turns them
+//! into C strings before the clone, and [`apply`] performs one in the child with raw
+//! syscalls.
 //!
-//! The view: the host's root bound recursively onto a new root and made read-only
-//! recursively; a private /tmp, a fresh /proc, a minimal /dev; the cwd and the extra writable
-//! paths bound writable; hidden paths covered; then pivot_root into it.
+//! Every destination is resolved inside the new root by descriptor: `openat2` beneath the
+//! root's descriptor, refusing every symlink on the way (the plan's paths are canonical, so
+//! a symlink found now was swapped in since, and fails the start), and every mount goes
+//! onto that descriptor with `move_mount` — never onto a path the kernel would resolve
+//! again. A writable bind is checked after it is made: the destination must now show the
+//! very directory that was bound.
+//!
+//! The order, as [`plan`] makes it:
+//! 1. private propagation; the host's root bound on the new root and made read-only;
+//! 2. fresh `/tmp` and `/var/tmp` (a working directory below them is bound into them);
+//! 3. the writable binds — the working directory and the profile's writable paths, parents
+//!    first — then the pins: a repository's `.git` on itself (it cannot be renamed away),
+//!    the protected paths on themselves, read-only;
+//! 4. the kernel's and the private filesystems — `/run`, `/dev`, `/proc`, `/sys` — and the
+//!    covers (hidden paths, host sockets, kernel filesystems mounted elsewhere): after
+//!    every bind, so that no bind can hide them;
+//! 5. pivot_root into the new root, the old one detached.
 
 use std::ffi::CString;
 use std::os::fd::RawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
-/// What kind of file a path is on the host, as far as the plan cares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// A directory.
-    Dir,
-    /// Anything else (file, device, socket...).
-    File,
-}
+use crate::units::FsView;
 
 /// Looks at the host's filesystem for the planner; tests pass a fake.
 pub trait Probe {
-    /// The kind of `path` (following symlinks), or `None` if it does not exist.
-    fn kind(&self, path: &Path) -> Option<Kind>;
+    /// Whether `path` is a directory and not a symlink.
+    fn real_dir(&self, path: &Path) -> bool;
+    /// Whether `path` exists (following symlinks).
+    fn exists(&self, path: &Path) -> bool;
 }
 
 /// The real filesystem.
 pub struct HostProbe;
 
 impl Probe for HostProbe {
-    fn kind(&self, path: &Path) -> Option<Kind> {
-        std::fs::metadata(path)
-            .ok()
-            .map(|m| if m.is_dir() { Kind::Dir } else { Kind::File })
+    fn real_dir(&self, path: &Path) -> bool {
+        std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir())
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
     }
 }
 
-/// One step of building the view. Paths under the new root are absolute host paths already
-/// joined onto it.
+/// A filesystem made fresh for the unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FreshFs {
+    /// A tmpfs with this root mode and, if given, size in bytes.
+    Tmpfs {
+        /// Mode of its root.
+        mode: u32,
+        /// Its size.
+        size: Option<u64>,
+    },
+    /// proc of the unit's own pid namespace.
+    Proc,
+    /// sysfs of the unit's own network namespace (read-only).
+    Sysfs,
+    /// A private devpts instance.
+    Devpts,
+}
+
+/// One step of building the view. Paths are as the unit will see them (absolute).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MountOp {
     /// Make every mount of the new namespace private: nothing propagates back to the host.
     MakePrivate,
-    /// Bind the host's `/` recursively onto `new_root`.
+    /// Bind the host's `/` recursively onto `new_root` (a directory of wardend's own), and
+    /// open it: every later destination is resolved beneath that descriptor.
     BindHostRoot {
-        /// The new root.
+        /// The new root, on the host.
         new_root: PathBuf,
     },
-    /// Make the tree at `target` read-only, every submount included (mount_setattr).
-    ReadOnlyTree {
-        /// The tree.
-        target: PathBuf,
-    },
-    /// A fresh tmpfs (nosuid, nodev).
-    Tmpfs {
+    /// Make the whole new root read-only, every submount included (mount_setattr).
+    ReadOnlyRoot,
+    /// A fresh filesystem (nosuid, nodev).
+    Fresh {
         /// Where.
         target: PathBuf,
-        /// Mode of its root.
-        mode: u32,
-        /// Read-only (used to hide a directory).
+        /// What.
+        fs: FreshFs,
+        /// Read-only.
         read_only: bool,
     },
-    /// A fresh proc for the new pid namespace.
-    Proc {
-        /// Where.
-        target: PathBuf,
-    },
-    /// A private devpts instance.
-    Devpts {
-        /// Where.
-        target: PathBuf,
-    },
-    /// Create a directory (an existing one is fine).
+    /// Create a directory inside a fresh filesystem (an existing one is fine).
     Mkdir {
         /// The directory.
         path: PathBuf,
     },
-    /// Create an empty file to bind a device onto.
+    /// Create an empty file inside a fresh filesystem, to bind something onto.
     Touch {
         /// The file.
         path: PathBuf,
     },
-    /// Create a symlink `link` → `contents`.
+    /// Create a symlink `link` → `contents` inside a fresh filesystem.
     Symlink {
         /// What the link points to.
         contents: PathBuf,
         /// The link.
         link: PathBuf,
     },
-    /// Bind a host device node onto a file of the new /dev.
-    BindDevice {
-        /// The host node.
+    /// Bind a host file (a device node, a resolver file) onto `target`.
+    BindHost {
+        /// The host path (root's own: `/dev/null`, `/run/systemd/resolve/...`).
         source: PathBuf,
-        /// The file in the new /dev.
+        /// Where in the view.
         target: PathBuf,
+        /// Read-only.
+        read_only: bool,
     },
-    /// Attach the detached mount tree `tree` onto `target`: a clone (open_tree, made before the
-    /// clone) of the cwd from the very fd the client passed, or of an extra writable path
-    /// opened and checked by wardend, so that no path is looked up again in the child.
-    AttachTree {
+    /// Attach the detached mount tree `tree` (an open_tree clone made by wardend before
+    /// the clone, from the very descriptor the client passed or from a writable path opened
+    /// and checked by wardend) onto `target`, then check `target` shows it.
+    Attach {
         /// The open_tree fd.
         tree: RawFd,
-        /// Where in the new root.
+        /// Where.
         target: PathBuf,
     },
-    /// Cover a file with a read-only bind of /dev/null.
-    HideFile {
-        /// The file.
+    /// Mount `target` on itself (read-only, or writable to pin a directory in place): a
+    /// mount point cannot be renamed, removed or replaced. `target` may be a symlink.
+    Pin {
+        /// The path.
+        target: PathBuf,
+        /// Read-only.
+        read_only: bool,
+    },
+    /// Cover `target`: an empty read-only tmpfs over a directory, `/dev/null` read-only
+    /// over anything else (a socket then refuses connections). Skipped if `target` is gone.
+    Cover {
+        /// The path.
         target: PathBuf,
     },
-    /// pivot_root into `new_root` and detach the old root.
-    PivotRoot {
-        /// The new root.
-        new_root: PathBuf,
-    },
+    /// pivot_root into the new root and detach the old one.
+    PivotRoot,
 }
 
-/// Directories of the new root that get fresh filesystems: the host's content below them is
-/// not visible anyway.
-const FRESH: [&str; 3] = ["/tmp", "/dev", "/proc"];
+/// Directories that get fresh filesystems before the writable binds (binds may go into
+/// them).
+const FRESH_TEMP: [&str; 2] = ["/tmp", "/var/tmp"];
+
+/// Directories whose host content never reaches a unit (what is bound into a fresh
+/// `/tmp` or `/var/tmp` does).
+const FRESH: [&str; 6] = ["/tmp", "/var/tmp", "/run", "/dev", "/proc", "/sys"];
 
 /// Host devices every unit gets in its /dev.
 const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
@@ -129,111 +158,162 @@ const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 pub struct ViewSpec<'a> {
     /// An empty host directory the new root is built on.
     pub new_root: &'a Path,
-    /// A detached clone of the cwd's mount tree ([`clone_tree`]), attached in the child.
-    pub cwd_tree: RawFd,
-    /// The cwd's path (where it appears in the view).
+    /// A detached clone of the cwd's mount tree, when the cwd is writable.
+    pub cwd_tree: Option<RawFd>,
+    /// The cwd's path.
     pub cwd_path: &'a Path,
-    /// Extra writable paths that exist: a [`clone_tree`] of each, and where it goes.
+    /// Extra writable paths: a clone of each, and where it goes.
     pub writable: &'a [(RawFd, PathBuf)],
-    /// Hidden paths.
-    pub hidden: &'a [PathBuf],
+    /// What policy resolved.
+    pub fs: &'a FsView,
+    /// The size of each private tmpfs (the unit's memory limit: tmpfs pages are memory).
+    pub tmpfs_size: Option<u64>,
 }
 
 /// The plan: a pure function of the spec and what `probe` says about the host.
 pub fn plan(spec: &ViewSpec<'_>, probe: &dyn Probe) -> Vec<MountOp> {
-    let root = |p: &Path| under(spec.new_root, p);
+    let tmpfs = |mode| FreshFs::Tmpfs {
+        mode,
+        size: spec.tmpfs_size,
+    };
     let mut ops = vec![
         MountOp::MakePrivate,
         MountOp::BindHostRoot {
             new_root: spec.new_root.to_path_buf(),
         },
-        // Read-only before anything writable is bound in: binds made later keep their own flags.
-        MountOp::ReadOnlyTree {
-            target: spec.new_root.to_path_buf(),
-        },
-        MountOp::Tmpfs {
-            target: root(Path::new("/tmp")),
-            mode: 0o1777,
-            read_only: false,
-        },
-        MountOp::Proc {
-            target: root(Path::new("/proc")),
-        },
+        // Read-only before anything writable is bound in: binds made later keep their own
+        // flags.
+        MountOp::ReadOnlyRoot,
     ];
-    dev(&mut ops, &root(Path::new("/dev")), probe);
-
-    // Writable binds, parents before children (a parent bound later would cover a child).
-    let mut writable: Vec<(RawFd, &Path)> = vec![(spec.cwd_tree, spec.cwd_path)];
-    for (tree, path) in spec.writable {
-        if path.is_absolute() && !in_fresh(path, &["/proc", "/dev"]) {
-            writable.push((*tree, path));
+    for dir in FRESH_TEMP {
+        if probe.real_dir(Path::new(dir)) {
+            ops.push(fresh(dir, tmpfs(0o1777), false));
         }
     }
-    writable.sort_by_key(|(_, p)| p.components().count());
-    writable.dedup_by(|a, b| a.1 == b.1);
-    for &(tree, path) in &writable {
+
+    // Writable binds, parents before children (a parent bound later would cover a child).
+    let mut binds: Vec<(RawFd, &Path)> = spec
+        .cwd_tree
+        .map(|t| (t, spec.cwd_path))
+        .into_iter()
+        .collect();
+    for (tree, path) in spec.writable {
+        if path.is_absolute() {
+            binds.push((*tree, path));
+        }
+    }
+    binds.sort_by_key(|(_, p)| p.components().count());
+    binds.dedup_by(|a, b| a.1 == b.1);
+    for &(tree, path) in &binds {
         // Inside a fresh tmpfs the mount point does not exist yet.
-        mkdir_parents_in_fresh(&mut ops, spec.new_root, path);
-        ops.push(MountOp::AttachTree {
+        mkdir_parents_in_fresh(&mut ops, path);
+        ops.push(MountOp::Attach {
             tree,
-            target: root(path),
+            target: path.to_path_buf(),
+        });
+    }
+    let bound = |p: &Path| binds.iter().any(|(_, b)| p.starts_with(b));
+    let mut pins: Vec<(&Path, bool)> = spec
+        .fs
+        .pinned
+        .iter()
+        .map(|p| (p.as_path(), false))
+        .chain(spec.fs.protected.iter().map(|p| (p.as_path(), true)))
+        .filter(|(p, _)| bound(p))
+        .collect();
+    pins.sort_by_key(|(p, _)| p.components().count());
+    for (target, read_only) in pins {
+        ops.push(MountOp::Pin {
+            target: target.to_path_buf(),
+            read_only,
         });
     }
 
-    // Hidden paths last, so that they stay hidden inside writable binds too.
-    for h in spec.hidden {
-        let visible = !in_fresh(h, &FRESH) || writable.iter().any(|(_, w)| h.starts_with(w));
-        match probe.kind(h) {
-            _ if !h.is_absolute() || !visible => {}
-            Some(Kind::Dir) => ops.push(MountOp::Tmpfs {
-                target: root(h),
-                mode: 0o755,
+    // The private and kernel filesystems, after every bind.
+    if probe.real_dir(Path::new("/run")) {
+        ops.push(fresh("/run", tmpfs(0o755), false));
+        for file in &spec.fs.run_files {
+            mkdir_parents_in_fresh(&mut ops, file.parent().unwrap_or(file));
+            ops.push(MountOp::Touch { path: file.clone() });
+            ops.push(MountOp::BindHost {
+                source: file.clone(),
+                target: file.clone(),
                 read_only: true,
-            }),
-            Some(Kind::File) => ops.push(MountOp::HideFile { target: root(h) }),
-            None => {}
+            });
         }
     }
-    ops.push(MountOp::PivotRoot {
-        new_root: spec.new_root.to_path_buf(),
-    });
+    dev(&mut ops, spec.tmpfs_size, probe);
+    ops.push(fresh("/proc", FreshFs::Proc, false));
+    if probe.real_dir(Path::new("/sys")) {
+        ops.push(fresh("/sys", FreshFs::Sysfs, true));
+    }
+
+    // Covers last: hidden paths, host sockets, kernel filesystems elsewhere.
+    let visible = |p: &Path| !FRESH.iter().any(|f| p.starts_with(f)) || bound(p);
+    let covers = spec
+        .fs
+        .hidden
+        .iter()
+        .chain(&spec.fs.sockets)
+        .chain(&spec.fs.kernel_mounts)
+        .filter(|p| p.is_absolute() && p != &Path::new("/") && visible(p));
+    for target in covers {
+        ops.push(MountOp::Cover {
+            target: target.clone(),
+        });
+    }
+    ops.push(MountOp::PivotRoot);
     ops
+}
+
+fn fresh(target: &str, fs: FreshFs, read_only: bool) -> MountOp {
+    MountOp::Fresh {
+        target: target.into(),
+        fs,
+        read_only,
+    }
 }
 
 /// The minimal /dev: a tmpfs with the host's harmless devices bound in, /dev/shm, /dev/pts
 /// and the usual symlinks.
-fn dev(ops: &mut Vec<MountOp>, dev: &Path, probe: &dyn Probe) {
-    ops.push(MountOp::Tmpfs {
-        target: dev.to_path_buf(),
-        mode: 0o755,
-        read_only: false,
-    });
+fn dev(ops: &mut Vec<MountOp>, shm_size: Option<u64>, probe: &dyn Probe) {
+    let dev = Path::new("/dev");
+    ops.push(fresh(
+        "/dev",
+        FreshFs::Tmpfs {
+            mode: 0o755,
+            size: Some(1 << 20),
+        },
+        false,
+    ));
     for name in DEVICES {
-        let source = Path::new("/dev").join(name);
-        if probe.kind(&source).is_some() {
+        let source = dev.join(name);
+        if probe.exists(&source) {
             ops.push(MountOp::Touch {
                 path: dev.join(name),
             });
-            ops.push(MountOp::BindDevice {
-                source,
-                target: dev.join(name),
+            ops.push(MountOp::BindHost {
+                source: source.clone(),
+                target: source,
+                read_only: false,
             });
         }
     }
     ops.push(MountOp::Mkdir {
         path: dev.join("shm"),
     });
-    ops.push(MountOp::Tmpfs {
-        target: dev.join("shm"),
-        mode: 0o1777,
-        read_only: false,
-    });
+    ops.push(fresh(
+        "/dev/shm",
+        FreshFs::Tmpfs {
+            mode: 0o1777,
+            size: shm_size,
+        },
+        false,
+    ));
     ops.push(MountOp::Mkdir {
         path: dev.join("pts"),
     });
-    ops.push(MountOp::Devpts {
-        target: dev.join("pts"),
-    });
+    ops.push(fresh("/dev/pts", FreshFs::Devpts, false));
     ops.push(MountOp::Symlink {
         contents: "pts/ptmx".into(),
         link: dev.join("ptmx"),
@@ -250,11 +330,7 @@ fn dev(ops: &mut Vec<MountOp>, dev: &Path, probe: &dyn Probe) {
     }
 }
 
-fn in_fresh(path: &Path, fresh: &[&str]) -> bool {
-    fresh.iter().any(|f| path.starts_with(f))
-}
-
-fn mkdir_parents_in_fresh(ops: &mut Vec<MountOp>, new_root: &Path, path: &Path) {
+fn mkdir_parents_in_fresh(ops: &mut Vec<MountOp>, path: &Path) {
     let Some(fresh) = FRESH.iter().find(|f| path.starts_with(f)) else {
         return;
     };
@@ -264,27 +340,26 @@ fn mkdir_parents_in_fresh(ops: &mut Vec<MountOp>, new_root: &Path, path: &Path) 
         .into_iter()
         .flat_map(|p| p.components())
     {
-        if let Component::Normal(c) = c {
-            dir.push(c);
-            ops.push(MountOp::Mkdir {
-                path: under(new_root, &dir),
-            });
-        }
+        dir.push(c);
+        ops.push(MountOp::Mkdir { path: dir.clone() });
     }
-}
-
-/// `p` (absolute, on the host) as seen under `new_root`.
-fn under(new_root: &Path, p: &Path) -> PathBuf {
-    new_root.join(p.strip_prefix("/").unwrap_or(p))
 }
 
 /// A [`MountOp`] with its strings ready for the child.
 #[derive(Debug)]
 pub struct CompiledOp {
     op: MountOp,
-    first: CString,
-    second: CString,
-    data: CString,
+    /// The destination relative to the new root (`.` for the root itself).
+    target: CString,
+    /// The destination's parent, relative to the new root, and its last component (for the
+    /// operations that create something).
+    parent: CString,
+    name: CString,
+    /// The host path of a new root, a bind source, or a symlink's contents.
+    source: CString,
+    /// A fresh filesystem's type and its options.
+    fstype: CString,
+    options: Vec<(CString, CString)>,
 }
 
 impl CompiledOp {
@@ -294,41 +369,69 @@ impl CompiledOp {
     }
 }
 
-/// Turn the plan into C strings (before the clone: the child cannot allocate).
+/// Turn the plan into C strings (before the clone: the child does not allocate).
 pub fn compile(ops: Vec<MountOp>) -> std::io::Result<Vec<CompiledOp>> {
-    ops.into_iter()
-        .map(|op| {
-            let (first, second, data): (&Path, &Path, String) = match &op {
-                MountOp::MakePrivate => (Path::new("/"), Path::new(""), String::new()),
-                MountOp::BindHostRoot { new_root } | MountOp::PivotRoot { new_root } => {
-                    (new_root, Path::new(""), String::new())
-                }
-                MountOp::ReadOnlyTree { target }
-                | MountOp::Proc { target }
-                | MountOp::HideFile { target } => (target, Path::new(""), String::new()),
-                MountOp::Tmpfs { target, mode, .. } => {
-                    (target, Path::new(""), format!("mode={mode:o}"))
-                }
-                MountOp::Devpts { target } => (
-                    target,
-                    Path::new(""),
-                    "newinstance,ptmxmode=0666,mode=620".into(),
-                ),
-                MountOp::Mkdir { path } | MountOp::Touch { path } => {
-                    (path, Path::new(""), String::new())
-                }
-                MountOp::Symlink { contents, link } => (contents, link, String::new()),
-                MountOp::BindDevice { source, target } => (source, target, String::new()),
-                MountOp::AttachTree { target, .. } => (target, Path::new(""), String::new()),
-            };
-            Ok(CompiledOp {
-                first: cstr(first.as_os_str().as_bytes())?,
-                second: cstr(second.as_os_str().as_bytes())?,
-                data: cstr(data.as_bytes())?,
-                op,
-            })
-        })
-        .collect()
+    ops.into_iter().map(compile_one).collect()
+}
+
+fn compile_one(op: MountOp) -> std::io::Result<CompiledOp> {
+    let empty = Path::new("");
+    let (target, source): (&Path, &Path) = match &op {
+        MountOp::MakePrivate | MountOp::ReadOnlyRoot | MountOp::PivotRoot => (empty, empty),
+        MountOp::BindHostRoot { new_root } => (empty, new_root),
+        MountOp::Fresh { target, .. }
+        | MountOp::Attach { target, .. }
+        | MountOp::Pin { target, .. }
+        | MountOp::Cover { target } => (target, empty),
+        MountOp::Mkdir { path } | MountOp::Touch { path } => (path, empty),
+        MountOp::Symlink { contents, link } => (link, contents),
+        MountOp::BindHost { source, target, .. } => (target, source),
+    };
+    let (fstype, options): (&str, Vec<(String, String)>) = match &op {
+        MountOp::Fresh { fs, .. } => match fs {
+            FreshFs::Tmpfs { mode, size } => (
+                "tmpfs",
+                std::iter::once(("mode".to_string(), format!("{mode:o}")))
+                    .chain(size.map(|s| ("size".to_string(), s.to_string())))
+                    .collect(),
+            ),
+            FreshFs::Proc => ("proc", vec![]),
+            FreshFs::Sysfs => ("sysfs", vec![]),
+            FreshFs::Devpts => (
+                "devpts",
+                vec![
+                    ("ptmxmode".into(), "0666".into()),
+                    ("mode".into(), "0620".into()),
+                ],
+            ),
+        },
+        _ => ("", vec![]),
+    };
+    let rel = relative(target);
+    let parent = target.parent().map_or_else(|| PathBuf::from("."), relative);
+    let name = target.file_name().map(|n| n.as_bytes()).unwrap_or(b".");
+    Ok(CompiledOp {
+        target: cstr(rel.as_os_str().as_bytes())?,
+        parent: cstr(parent.as_os_str().as_bytes())?,
+        name: cstr(name)?,
+        source: cstr(source.as_os_str().as_bytes())?,
+        fstype: cstr(fstype.as_bytes())?,
+        options: options
+            .into_iter()
+            .map(|(k, v)| Ok((cstr(k.as_bytes())?, cstr(v.as_bytes())?)))
+            .collect::<std::io::Result<_>>()?,
+        op,
+    })
+}
+
+/// A view path relative to the new root (`.` for `/`).
+fn relative(p: &Path) -> PathBuf {
+    match p.strip_prefix("/") {
+        Ok(r) if r.as_os_str().is_empty() => PathBuf::from("."),
+        Ok(r) => r.to_path_buf(),
+        Err(_) if p.as_os_str().is_empty() => PathBuf::from("."),
+        Err(_) => p.to_path_buf(),
+    }
 }
 
 fn cstr(b: &[u8]) -> std::io::Result<CString> {
@@ -337,24 +440,12 @@ fn cstr(b: &[u8]) -> std::io::Result<CString> {
     })
 }
 
-/// `struct mount_attr` of linux/mount.h.
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
-}
-
-const MOUNT_ATTR_RDONLY: u64 = 0x1;
-const AT_RECURSIVE: libc::c_uint = 0x8000;
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 const OPEN_TREE_CLONE: libc::c_uint = 1;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
 
 /// A detached clone of the mount tree at `dir` (recursive, close-on-exec), for
-/// [`MountOp::AttachTree`]. Made in the parent: a mount of our namespace can only be cloned
-/// from inside it (binding `/proc/self/fd/N` in the child fails with EINVAL), and the clone,
-/// being detached, can be attached in the child's namespace.
+/// [`MountOp::Attach`]. Made in the parent: a mount of our namespace can only be cloned
+/// from inside it, and the clone, being detached, can be attached in the child's namespace.
 pub fn clone_tree(dir: std::os::fd::BorrowedFd<'_>) -> std::io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::{AsRawFd, FromRawFd};
     let flags = OPEN_TREE_CLONE
@@ -370,184 +461,406 @@ pub fn clone_tree(dir: std::os::fd::BorrowedFd<'_>) -> std::io::Result<std::os::
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
-/// Perform one operation. Runs in the child after clone: raw syscalls only, no allocation.
-/// Returns the errno on failure.
-pub fn apply(c: &CompiledOp) -> Result<(), i32> {
-    let (a, b, data) = (c.first.as_c_str(), c.second.as_c_str(), c.data.as_c_str());
-    let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
-    match &c.op {
-        MountOp::MakePrivate => sys::mount(None, a, None, libc::MS_REC | libc::MS_PRIVATE, None),
-        MountOp::BindHostRoot { .. } => {
-            sys::mount(Some(c"/"), a, None, libc::MS_BIND | libc::MS_REC, None)
-        }
-        MountOp::ReadOnlyTree { .. } => sys::read_only_tree(a),
-        MountOp::Tmpfs { read_only, .. } => {
-            let ro = if *read_only { libc::MS_RDONLY } else { 0 };
-            sys::mount(
-                Some(c"tmpfs"),
-                a,
-                Some(c"tmpfs"),
-                nosuid_nodev | ro,
-                Some(data),
-            )
-        }
-        MountOp::Proc { .. } => sys::mount(
-            Some(c"proc"),
-            a,
-            Some(c"proc"),
-            nosuid_nodev | libc::MS_NOEXEC,
-            None,
-        ),
-        MountOp::Devpts { .. } => sys::mount(
-            Some(c"devpts"),
-            a,
-            Some(c"devpts"),
-            libc::MS_NOSUID | libc::MS_NOEXEC,
-            Some(data),
-        ),
-        MountOp::Mkdir { .. } => match sys::mkdir(a) {
-            Err(libc::EEXIST) => Ok(()),
-            r => r,
-        },
-        MountOp::Touch { .. } => sys::touch(a),
-        MountOp::Symlink { .. } => sys::symlink(a, b),
-        MountOp::BindDevice { .. } => sys::mount(Some(a), b, None, libc::MS_BIND, None),
-        MountOp::AttachTree { tree, .. } => sys::move_mount(*tree, a),
-        MountOp::HideFile { .. } => {
-            sys::mount(Some(c"/dev/null"), a, None, libc::MS_BIND, None)?;
-            sys::mount(
-                None,
-                a,
-                None,
-                libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY | nosuid_nodev,
-                None,
-            )
-        }
-        MountOp::PivotRoot { .. } => {
-            // pivot_root(".", "."): the old root ends up stacked under the new one and is
-            // detached right away; no directory for it is needed in the (read-only) new root.
-            sys::chdir(a)?;
-            sys::pivot_root_here()?;
-            sys::umount_detach(c".")?;
-            sys::chdir(c"/")
-        }
+/// What the child carries from one operation to the next.
+#[derive(Debug)]
+pub struct ApplyState {
+    /// The new root, once bound (every destination is resolved beneath it).
+    root: RawFd,
+}
+
+impl ApplyState {
+    /// Before the first operation.
+    pub const fn new() -> Self {
+        Self { root: -1 }
     }
 }
 
-/// Safe wrappers of the syscalls the plan needs: each takes C strings (valid, NUL-ended,
-/// alive for the call) and returns the errno on failure. Async-signal-safe.
+impl Default for ApplyState {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Perform one operation. Runs in the child after clone: raw syscalls only, no
+/// allocation. Returns the errno on failure.
+pub fn apply(c: &CompiledOp, st: &mut ApplyState) -> Result<(), i32> {
+    use sys::{Fd, MOVE_BOTH_EMPTY};
+    match &c.op {
+        MountOp::MakePrivate => sys::mount_private_rec(),
+        MountOp::BindHostRoot { .. } => {
+            sys::bind_root_onto(&c.source)?;
+            st.root = sys::open_dir(&c.source)?;
+            Ok(())
+        }
+        MountOp::ReadOnlyRoot => sys::set_read_only(st.root, true),
+        MountOp::Fresh { fs, read_only, .. } => {
+            let target = Fd(sys::resolve(st.root, &c.target, true)?);
+            let attrs = match fs {
+                FreshFs::Tmpfs { .. } => sys::NOSUID_NODEV,
+                // Its nodes are the ptys themselves.
+                FreshFs::Devpts => sys::NOSUID_NOEXEC,
+                FreshFs::Proc | FreshFs::Sysfs => sys::NOSUID_NODEV_NOEXEC,
+            };
+            let options = c.options.iter().map(|(k, v)| (k.as_c_str(), v.as_c_str()));
+            let mnt = Fd(sys::fresh_mount(&c.fstype, options, attrs, *read_only)?);
+            sys::move_mount(mnt.0, target.0, MOVE_BOTH_EMPTY)
+        }
+        MountOp::Mkdir { .. } => {
+            let parent = Fd(sys::resolve(st.root, &c.parent, true)?);
+            match sys::mkdirat(parent.0, &c.name) {
+                Err(libc::EEXIST) => Ok(()),
+                r => r,
+            }
+        }
+        MountOp::Touch { .. } => {
+            let parent = Fd(sys::resolve(st.root, &c.parent, true)?);
+            sys::touchat(parent.0, &c.name)
+        }
+        MountOp::Symlink { .. } => {
+            let parent = Fd(sys::resolve(st.root, &c.parent, true)?);
+            sys::symlinkat(&c.source, parent.0, &c.name)
+        }
+        MountOp::BindHost { read_only, .. } => {
+            let tree = Fd(sys::clone_path(&c.source)?);
+            if *read_only {
+                sys::set_read_only(tree.0, false)?;
+            }
+            let target = Fd(sys::resolve(st.root, &c.target, false)?);
+            sys::move_mount(tree.0, target.0, MOVE_BOTH_EMPTY)
+        }
+        MountOp::Attach { tree, .. } => {
+            let target = Fd(sys::resolve(st.root, &c.target, true)?);
+            sys::move_mount(*tree, target.0, MOVE_BOTH_EMPTY)?;
+            // Check after: the destination, looked up again, is the directory bound.
+            let now = Fd(sys::resolve(st.root, &c.target, true)?);
+            if sys::same_inode(now.0, *tree)? {
+                Ok(())
+            } else {
+                Err(libc::ESTALE)
+            }
+        }
+        MountOp::Pin { read_only, .. } => {
+            let target = match sys::resolve(st.root, &c.target, false) {
+                Err(libc::ENOENT) => return Ok(()),
+                r => Fd(r?),
+            };
+            let tree = Fd(sys::clone_fd(target.0)?);
+            if *read_only {
+                sys::set_read_only(tree.0, true)?;
+            }
+            sys::move_mount(tree.0, target.0, MOVE_BOTH_EMPTY)
+        }
+        MountOp::Cover { .. } => {
+            let target = match sys::resolve(st.root, &c.target, false) {
+                Err(libc::ENOENT) => return Ok(()),
+                r => Fd(r?),
+            };
+            let cover = if sys::is_dir(target.0)? {
+                let options = [(c"mode", c"755"), (c"size", c"4096")].into_iter();
+                Fd(sys::fresh_mount(
+                    c"tmpfs",
+                    options,
+                    sys::NOSUID_NODEV_NOEXEC,
+                    true,
+                )?)
+            } else {
+                let null = Fd(sys::clone_path(c"/dev/null")?);
+                sys::set_read_only(null.0, false)?;
+                null
+            };
+            sys::move_mount(cover.0, target.0, MOVE_BOTH_EMPTY)
+        }
+        MountOp::PivotRoot => sys::pivot_into(st.root),
+    }
+}
+
+/// The system calls of [`apply`]: each takes C strings and descriptors valid for the
+/// call, and returns the errno on failure. Async-signal-safe: no allocation, no locks.
 mod sys {
     use std::ffi::CStr;
+    use std::os::fd::RawFd;
 
-    use super::{check, MountAttr, AT_RECURSIVE, MOUNT_ATTR_RDONLY, MOVE_MOUNT_F_EMPTY_PATH};
+    use super::{AT_RECURSIVE, OPEN_TREE_CLONE};
 
-    fn ptr(s: Option<&CStr>) -> *const libc::c_char {
-        s.map_or(std::ptr::null(), CStr::as_ptr)
+    const MOUNT_ATTR_RDONLY: u64 = 0x1;
+    const MOUNT_ATTR_NOSUID: u64 = 0x2;
+    const MOUNT_ATTR_NODEV: u64 = 0x4;
+    const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+    pub const NOSUID_NODEV: u64 = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    pub const NOSUID_NODEV_NOEXEC: u64 = NOSUID_NODEV | MOUNT_ATTR_NOEXEC;
+    pub const NOSUID_NOEXEC: u64 = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+    pub const MOVE_BOTH_EMPTY: libc::c_uint = MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH;
+    const FSOPEN_CLOEXEC: libc::c_uint = 1;
+    const FSCONFIG_SET_STRING: libc::c_uint = 1;
+    const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+    const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+    const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+    const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+    const RESOLVE_BENEATH: u64 = 0x08;
+
+    /// `struct mount_attr` of linux/mount.h.
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
     }
 
-    pub fn mount(
-        source: Option<&CStr>,
-        target: &CStr,
-        fstype: Option<&CStr>,
-        flags: libc::c_ulong,
-        data: Option<&CStr>,
-    ) -> Result<(), i32> {
-        // SAFETY: every pointer is null (accepted by mount(2) for these arguments) or a
-        // NUL-terminated string borrowed for the duration of the call.
-        check(unsafe {
+    /// `struct open_how` of linux/openat2.h.
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+
+    /// A descriptor closed when dropped.
+    pub struct Fd(pub RawFd);
+
+    impl Drop for Fd {
+        fn drop(&mut self) {
+            // SAFETY: a descriptor this module opened, closed once.
+            unsafe { libc::close(self.0) };
+        }
+    }
+
+    fn errno() -> i32 {
+        super::errno()
+    }
+
+    fn ok(r: libc::c_long) -> Result<(), i32> {
+        if r < 0 {
+            Err(errno())
+        } else {
+            Ok(())
+        }
+    }
+
+    fn fd(r: libc::c_long) -> Result<RawFd, i32> {
+        if r < 0 {
+            Err(errno())
+        } else {
+            RawFd::try_from(r).map_err(|_| libc::EBADF)
+        }
+    }
+
+    pub fn mount_private_rec() -> Result<(), i32> {
+        // SAFETY: null source, type and data are accepted for a propagation change; "/" is
+        // a valid C string.
+        let r = unsafe {
             libc::mount(
-                ptr(source),
-                target.as_ptr(),
-                ptr(fstype),
-                flags,
-                ptr(data).cast(),
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
             )
-        })
+        };
+        ok(r.into())
     }
 
-    pub fn read_only_tree(target: &CStr) -> Result<(), i32> {
+    /// Bind the host's `/` recursively onto `new_root` (a path of wardend's own).
+    pub fn bind_root_onto(new_root: &CStr) -> Result<(), i32> {
+        // SAFETY: valid C strings; null type and data for a bind.
+        let r = unsafe {
+            libc::mount(
+                c"/".as_ptr(),
+                new_root.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND | libc::MS_REC,
+                std::ptr::null(),
+            )
+        };
+        ok(r.into())
+    }
+
+    pub fn open_dir(path: &CStr) -> Result<RawFd, i32> {
+        // SAFETY: a valid C string.
+        let r = unsafe {
+            libc::open(
+                path.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        fd(r.into())
+    }
+
+    /// `rel` beneath `root`, no symlink followed anywhere (with `dir`, it must be a
+    /// directory; else the last component may be a symlink, which is opened itself).
+    pub fn resolve(root: RawFd, rel: &CStr, dir: bool) -> Result<RawFd, i32> {
+        let extra = if dir {
+            libc::O_DIRECTORY
+        } else {
+            libc::O_NOFOLLOW
+        };
+        let how = OpenHow {
+            flags: (libc::O_PATH | libc::O_CLOEXEC | extra) as u64,
+            mode: 0,
+            resolve: RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+        };
+        // SAFETY: `rel` is a valid C string and `how` an open_how of the size passed.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                root,
+                rel.as_ptr(),
+                &raw const how,
+                std::mem::size_of::<OpenHow>(),
+            )
+        };
+        fd(r)
+    }
+
+    pub fn set_read_only(mnt: RawFd, recursive: bool) -> Result<(), i32> {
         let attr = MountAttr {
             attr_set: MOUNT_ATTR_RDONLY,
             attr_clr: 0,
             propagation: 0,
             userns_fd: 0,
         };
-        // SAFETY: `target` is a valid C string and `attr` a mount_attr of the size passed,
-        // both alive for the call.
+        let flags = libc::AT_EMPTY_PATH as libc::c_uint | if recursive { AT_RECURSIVE } else { 0 };
+        // SAFETY: an empty C string and a mount_attr of the size passed, alive for the call.
         let r = unsafe {
             libc::syscall(
                 libc::SYS_mount_setattr,
-                libc::AT_FDCWD,
-                target.as_ptr(),
-                AT_RECURSIVE,
-                &attr as *const MountAttr,
+                mnt,
+                c"".as_ptr(),
+                flags,
+                &raw const attr,
                 std::mem::size_of::<MountAttr>(),
             )
         };
-        check(if r == 0 { 0 } else { -1 })
+        ok(r)
     }
 
-    pub fn mkdir(path: &CStr) -> Result<(), i32> {
+    /// A new, detached filesystem of `fstype` with `options`.
+    pub fn fresh_mount<'s>(
+        fstype: &CStr,
+        options: impl Iterator<Item = (&'s CStr, &'s CStr)>,
+        attrs: u64,
+        read_only: bool,
+    ) -> Result<RawFd, i32> {
+        // SAFETY: a valid C string and plain flags.
+        let fs = Fd(fd(unsafe {
+            libc::syscall(libc::SYS_fsopen, fstype.as_ptr(), FSOPEN_CLOEXEC)
+        })?);
+        for (key, value) in options {
+            // SAFETY: two valid C strings.
+            ok(unsafe {
+                libc::syscall(
+                    libc::SYS_fsconfig,
+                    fs.0,
+                    FSCONFIG_SET_STRING,
+                    key.as_ptr(),
+                    value.as_ptr(),
+                    0,
+                )
+            })?;
+        }
+        // SAFETY: no pointers are passed for CMD_CREATE.
+        ok(unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                fs.0,
+                FSCONFIG_CMD_CREATE,
+                std::ptr::null::<libc::c_char>(),
+                std::ptr::null::<libc::c_void>(),
+                0,
+            )
+        })?;
+        let attrs = attrs | if read_only { MOUNT_ATTR_RDONLY } else { 0 };
+        // SAFETY: plain integers.
+        fd(unsafe { libc::syscall(libc::SYS_fsmount, fs.0, FSMOUNT_CLOEXEC, attrs) })
+    }
+
+    pub fn move_mount(from: RawFd, to: RawFd, flags: libc::c_uint) -> Result<(), i32> {
+        // SAFETY: descriptors and empty C strings.
+        ok(unsafe {
+            libc::syscall(
+                libc::SYS_move_mount,
+                from,
+                c"".as_ptr(),
+                to,
+                c"".as_ptr(),
+                flags,
+            )
+        })
+    }
+
+    /// A detached copy of the mount at host path `path` (root's own paths only).
+    pub fn clone_path(path: &CStr) -> Result<RawFd, i32> {
+        let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint;
         // SAFETY: a valid C string.
-        check(unsafe { libc::mkdir(path.as_ptr(), 0o755) })
+        fd(unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), flags) })
     }
 
-    pub fn touch(path: &CStr) -> Result<(), i32> {
-        // SAFETY: a valid C string; the fd returned is ours and closed right away.
-        let fd = unsafe {
-            libc::open(
-                path.as_ptr(),
+    /// A detached copy, recursive, of what `target` (a resolved descriptor) shows.
+    pub fn clone_fd(target: RawFd) -> Result<RawFd, i32> {
+        let flags = OPEN_TREE_CLONE
+            | libc::O_CLOEXEC as libc::c_uint
+            | libc::AT_EMPTY_PATH as libc::c_uint
+            | AT_RECURSIVE;
+        // SAFETY: a descriptor and an empty C string.
+        fd(unsafe { libc::syscall(libc::SYS_open_tree, target, c"".as_ptr(), flags) })
+    }
+
+    fn stat(fd: RawFd) -> Result<libc::stat, i32> {
+        // SAFETY: a zeroed stat is valid for fstat to fill.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: a descriptor and a stat struct on our stack.
+        ok(unsafe { libc::fstat(fd, &mut st) }.into())?;
+        Ok(st)
+    }
+
+    pub fn is_dir(fd: RawFd) -> Result<bool, i32> {
+        Ok(stat(fd)?.st_mode & libc::S_IFMT == libc::S_IFDIR)
+    }
+
+    pub fn same_inode(a: RawFd, b: RawFd) -> Result<bool, i32> {
+        let (a, b) = (stat(a)?, stat(b)?);
+        Ok(a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+    }
+
+    pub fn mkdirat(parent: RawFd, name: &CStr) -> Result<(), i32> {
+        // SAFETY: a descriptor and a valid C string.
+        ok(unsafe { libc::mkdirat(parent, name.as_ptr(), 0o755) }.into())
+    }
+
+    pub fn touchat(parent: RawFd, name: &CStr) -> Result<(), i32> {
+        // SAFETY: a descriptor and a valid C string; the fd returned is closed right away.
+        let r = unsafe {
+            libc::openat(
+                parent,
+                name.as_ptr(),
                 libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
                 0o644,
             )
         };
-        check(fd)?;
-        // SAFETY: `fd` was just opened by us and is closed once.
-        check(unsafe { libc::close(fd) })
+        let _file = Fd(fd(r.into())?);
+        Ok(())
     }
 
-    pub fn symlink(contents: &CStr, link: &CStr) -> Result<(), i32> {
-        // SAFETY: valid C strings.
-        check(unsafe { libc::symlink(contents.as_ptr(), link.as_ptr()) })
+    pub fn symlinkat(contents: &CStr, parent: RawFd, name: &CStr) -> Result<(), i32> {
+        // SAFETY: valid C strings and a descriptor.
+        ok(unsafe { libc::symlinkat(contents.as_ptr(), parent, name.as_ptr()) }.into())
     }
 
-    pub fn chdir(path: &CStr) -> Result<(), i32> {
-        // SAFETY: a valid C string.
-        check(unsafe { libc::chdir(path.as_ptr()) })
-    }
-
-    pub fn pivot_root_here() -> Result<(), i32> {
+    /// pivot_root(".", ".") in the new root: the old root ends up stacked under the new one
+    /// and is detached right away; no directory for it is needed in the (read-only) root.
+    pub fn pivot_into(root: RawFd) -> Result<(), i32> {
+        // SAFETY: a descriptor.
+        ok(unsafe { libc::fchdir(root) }.into())?;
         // SAFETY: two valid C strings.
-        let r = unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) };
-        check(if r == 0 { 0 } else { -1 })
-    }
-
-    pub fn move_mount(tree: libc::c_int, target: &CStr) -> Result<(), i32> {
-        // SAFETY: an fd number, an empty C string and a valid C string.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_move_mount,
-                tree,
-                c"".as_ptr(),
-                libc::AT_FDCWD,
-                target.as_ptr(),
-                MOVE_MOUNT_F_EMPTY_PATH,
-            )
-        };
-        check(if r == 0 { 0 } else { -1 })
-    }
-
-    pub fn umount_detach(path: &CStr) -> Result<(), i32> {
+        ok(unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) })?;
         // SAFETY: a valid C string.
-        check(unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) })
-    }
-}
-
-/// Map a libc return value to the errno on failure.
-fn check(ret: libc::c_int) -> Result<(), i32> {
-    if ret < 0 {
-        Err(errno())
-    } else {
+        ok(unsafe { libc::umount2(c".".as_ptr(), libc::MNT_DETACH) }.into())?;
+        // SAFETY: a valid C string.
+        ok(unsafe { libc::chdir(c"/".as_ptr()) }.into())?;
+        // SAFETY: our descriptor, closed once; the root stays ours as `/`.
+        unsafe { libc::close(root) };
         Ok(())
     }
 }
@@ -561,203 +874,297 @@ pub fn errno() -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
+    use std::collections::HashSet;
 
-    struct Fake(HashMap<PathBuf, Kind>);
+    struct Fake {
+        dirs: HashSet<PathBuf>,
+        files: HashSet<PathBuf>,
+    }
 
     impl Probe for Fake {
-        fn kind(&self, path: &Path) -> Option<Kind> {
-            self.0.get(path).copied()
+        fn real_dir(&self, path: &Path) -> bool {
+            self.dirs.contains(path)
+        }
+        fn exists(&self, path: &Path) -> bool {
+            self.dirs.contains(path) || self.files.contains(path)
         }
     }
 
-    fn fake(entries: &[(&str, Kind)]) -> Fake {
-        Fake(
-            entries
-                .iter()
-                .map(|(p, k)| (PathBuf::from(p), *k))
-                .collect(),
-        )
+    fn host() -> Fake {
+        Fake {
+            dirs: ["/tmp", "/var/tmp", "/run", "/sys", "/dev"]
+                .map(PathBuf::from)
+                .into(),
+            files: ["/dev/null", "/dev/zero"].map(PathBuf::from).into(),
+        }
     }
 
     fn pos(ops: &[MountOp], f: impl Fn(&MountOp) -> bool) -> usize {
         ops.iter().position(f).unwrap_or(usize::MAX)
     }
 
+    fn paths(v: &[&str]) -> Vec<PathBuf> {
+        v.iter().map(PathBuf::from).collect()
+    }
+
+    fn view() -> FsView {
+        FsView {
+            cwd_writable: true,
+            writable: paths(&["/srv/cache"]),
+            hidden: paths(&[
+                "/home/u/.ssh",
+                "/home/u/.netrc",
+                "/tmp/secret",
+                "/home/u/project/.env",
+            ]),
+            protected: paths(&["/home/u/project/.git/hooks", "/home/u/project/.envrc"]),
+            pinned: paths(&["/home/u/project/.git"]),
+            sockets: paths(&["/home/u/agent.sock"]),
+            kernel_mounts: paths(&["/srv/chroot/proc"]),
+            run_files: paths(&["/run/systemd/resolve/stub-resolv.conf"]),
+        }
+    }
+
     #[test]
-    fn the_view_is_read_only_with_writable_cwd_and_hidden_paths() {
-        let probe = fake(&[
-            ("/dev/null", Kind::File),
-            ("/dev/zero", Kind::File),
-            ("/home/u/.ssh", Kind::Dir),
-            ("/home/u/.netrc", Kind::File),
-            ("/srv/cache", Kind::Dir),
-            ("/tmp/secret", Kind::Dir),
-        ]);
-        let writable = vec![
-            (11, PathBuf::from("/srv/cache")),
-            (12, PathBuf::from("/proc/sys")),
-        ];
-        let hidden = vec![
-            PathBuf::from("/home/u/.ssh"),
-            PathBuf::from("/home/u/.netrc"),
-            PathBuf::from("/home/u/.aws"),
-            PathBuf::from("/tmp/secret"),
-        ];
+    fn the_view_is_read_only_with_writable_cwd_pins_and_covers_last() {
+        let fs = view();
+        let writable = vec![(11, PathBuf::from("/srv/cache"))];
         let spec = ViewSpec {
             new_root: Path::new("/run/r"),
-            cwd_tree: 9,
+            cwd_tree: Some(9),
             cwd_path: Path::new("/home/u/project"),
             writable: &writable,
-            hidden: &hidden,
+            fs: &fs,
+            tmpfs_size: Some(1 << 30),
         };
-        let ops = plan(&spec, &probe);
-
-        assert_eq!(ops.first(), Some(&MountOp::MakePrivate));
+        let ops = plan(&spec, &host());
         assert_eq!(
-            ops.get(1),
-            Some(&MountOp::BindHostRoot {
-                new_root: "/run/r".into()
-            })
+            &ops[..3],
+            &[
+                MountOp::MakePrivate,
+                MountOp::BindHostRoot {
+                    new_root: "/run/r".into()
+                },
+                MountOp::ReadOnlyRoot
+            ]
         );
-        assert_eq!(
-            ops.get(2),
-            Some(&MountOp::ReadOnlyTree {
-                target: "/run/r".into()
-            })
+        assert_eq!(ops.last(), Some(&MountOp::PivotRoot));
+        let cwd = pos(&ops, |o| {
+            o == &MountOp::Attach {
+                tree: 9,
+                target: "/home/u/project".into(),
+            }
+        });
+        let git = pos(
+            &ops,
+            |o| matches!(o, MountOp::Pin { target, read_only: false } if target.ends_with(".git")),
         );
-        assert_eq!(
-            ops.last(),
-            Some(&MountOp::PivotRoot {
-                new_root: "/run/r".into()
-            })
+        let hooks = pos(
+            &ops,
+            |o| matches!(o, MountOp::Pin { target, read_only: true } if target.ends_with("hooks")),
         );
-        assert!(ops.contains(&MountOp::Tmpfs {
-            target: "/run/r/tmp".into(),
-            mode: 0o1777,
+        assert!(cwd < git && git < hooks && hooks < ops.len(), "{ops:#?}");
+        // Tmpfs of the unit's size.
+        assert!(ops.contains(&MountOp::Fresh {
+            target: "/tmp".into(),
+            fs: FreshFs::Tmpfs {
+                mode: 0o1777,
+                size: Some(1 << 30)
+            },
             read_only: false
         }));
-        assert!(ops.contains(&MountOp::Proc {
-            target: "/run/r/proc".into()
+        // Every kernel and private filesystem and every cover comes after every bind and pin.
+        let last_bind = ops
+            .iter()
+            .rposition(|o| matches!(o, MountOp::Attach { .. } | MountOp::Pin { .. }))
+            .unwrap_or(usize::MAX);
+        for t in ["/run", "/dev", "/proc", "/sys"] {
+            let at = pos(
+                &ops,
+                |o| matches!(o, MountOp::Fresh { target, .. } if target == Path::new(t)),
+            );
+            assert!(last_bind < at && at < ops.len(), "{t}: {ops:#?}");
+        }
+        let first_cover = pos(&ops, |o| matches!(o, MountOp::Cover { .. }));
+        assert!(last_bind < first_cover);
+        // No bind goes on or above a fresh filesystem.
+        for o in &ops {
+            if let MountOp::Attach { target, .. } | MountOp::Pin { target, .. } = o {
+                assert!(
+                    !FRESH.iter().any(|f| Path::new(f).starts_with(target)),
+                    "{target:?}"
+                );
+            }
+        }
+        // Covers: hidden paths (also inside the writable cwd), sockets, kernel mounts; not
+        // what lies under a fresh filesystem.
+        let covered: Vec<&Path> = ops
+            .iter()
+            .filter_map(|o| match o {
+                MountOp::Cover { target } => Some(target.as_path()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            covered,
+            paths(&[
+                "/home/u/.ssh",
+                "/home/u/.netrc",
+                "/home/u/project/.env",
+                "/home/u/agent.sock",
+                "/srv/chroot/proc"
+            ])
+        );
+        // The resolver file is bound read-only into the fresh /run.
+        let run = pos(
+            &ops,
+            |o| matches!(o, MountOp::Fresh { target, .. } if target == Path::new("/run")),
+        );
+        let resolv = pos(
+            &ops,
+            |o| matches!(o, MountOp::BindHost { read_only: true, target, .. } if target.ends_with("stub-resolv.conf")),
+        );
+        assert!(run < resolv && resolv < ops.len());
+        // Sysfs read-only; devices skipped when the host lacks them.
+        assert!(ops.contains(&MountOp::Fresh {
+            target: "/sys".into(),
+            fs: FreshFs::Sysfs,
+            read_only: true
         }));
-        assert!(ops.contains(&MountOp::BindDevice {
-            source: "/dev/null".into(),
-            target: "/run/r/dev/null".into()
-        }));
-        // Devices missing on the host are skipped.
         assert!(!ops
             .iter()
-            .any(|o| matches!(o, MountOp::BindDevice { source, .. } if source.ends_with("tty"))));
-        // The cwd comes from its fd; existing writable paths are bound, missing ones skipped.
-        let cwd = pos(&ops, |o| {
-            o == &MountOp::AttachTree {
-                tree: 9,
-                target: "/run/r/home/u/project".into(),
-            }
-        });
-        assert!(cwd < ops.len());
-        assert!(ops.contains(&MountOp::AttachTree {
-            tree: 11,
-            target: "/run/r/srv/cache".into()
-        }));
-        // Never writable: anything under the fresh /proc or /dev.
+            .any(|o| matches!(o, MountOp::BindHost { source, .. } if source.ends_with("tty"))));
+        let compiled = compile(ops);
+        assert!(compiled.is_ok());
+        let compiled = compiled.unwrap_or_default();
+        let t = |i: usize| {
+            compiled
+                .get(i)
+                .map(|c| c.target.to_string_lossy().into_owned())
+        };
+        assert_eq!(t(cwd).as_deref(), Some("home/u/project"));
+    }
+
+    #[test]
+    fn a_read_only_cwd_is_not_bound_and_pins_outside_binds_are_dropped() {
+        let fs = view();
+        let spec = ViewSpec {
+            new_root: Path::new("/r"),
+            cwd_tree: None,
+            cwd_path: Path::new("/home/u"),
+            writable: &[],
+            fs: &fs,
+            tmpfs_size: None,
+        };
+        let ops = plan(&spec, &host());
         assert!(!ops
             .iter()
-            .any(|o| matches!(o, MountOp::AttachTree { tree: 12, .. })));
-        // Hidden: directories under a read-only tmpfs, files under /dev/null; missing ones and
-        // ones under the private /tmp skipped; all after the writable binds.
-        let ssh = pos(&ops, |o| {
-            o == &MountOp::Tmpfs {
-                target: "/run/r/home/u/.ssh".into(),
-                mode: 0o755,
-                read_only: true,
-            }
-        });
-        let netrc = pos(&ops, |o| {
-            o == &MountOp::HideFile {
-                target: "/run/r/home/u/.netrc".into(),
-            }
-        });
-        assert!(cwd < ssh && ssh < ops.len() && netrc < ops.len());
-        assert!(!ops.iter().any(|o| matches!(o, MountOp::Tmpfs { target, .. } | MountOp::HideFile { target } if target.ends_with(".aws") || target.ends_with("secret"))));
-        // Read-only comes before every writable bind and every fresh mount.
-        let ro = pos(&ops, |o| matches!(o, MountOp::ReadOnlyTree { .. }));
-        assert!(ops
-            .iter()
-            .skip(ro + 1)
-            .all(|o| !matches!(o, MountOp::BindHostRoot { .. })));
-        assert!(compile(ops).is_ok());
+            .any(|o| matches!(o, MountOp::Attach { .. } | MountOp::Pin { .. })));
+        assert!(ops.contains(&MountOp::Cover {
+            target: "/home/u/.ssh".into()
+        }));
     }
 
     #[test]
     fn a_cwd_under_tmp_gets_its_mount_point_created_in_the_private_tmp() {
-        let hidden = vec![PathBuf::from("/tmp/w/proj/.git/secret")];
-        let probe = fake(&[("/tmp/w/proj/.git/secret", Kind::File)]);
+        let fs = FsView {
+            hidden: paths(&["/tmp/w/proj/.git/secret"]),
+            ..FsView::default()
+        };
         let spec = ViewSpec {
             new_root: Path::new("/r"),
-            cwd_tree: 3,
+            cwd_tree: Some(3),
             cwd_path: Path::new("/tmp/w/proj"),
             writable: &[],
-            hidden: &hidden,
+            fs: &fs,
+            tmpfs_size: None,
         };
-        let ops = plan(&spec, &probe);
+        let ops = plan(&spec, &host());
         let tmp = pos(
             &ops,
-            |o| matches!(o, MountOp::Tmpfs { target, .. } if target == Path::new("/r/tmp")),
+            |o| matches!(o, MountOp::Fresh { target, .. } if target == Path::new("/tmp")),
         );
         let w = pos(&ops, |o| {
             o == &MountOp::Mkdir {
-                path: "/r/tmp/w".into(),
+                path: "/tmp/w".into(),
             }
         });
         let proj = pos(&ops, |o| {
             o == &MountOp::Mkdir {
-                path: "/r/tmp/w/proj".into(),
+                path: "/tmp/w/proj".into(),
             }
         });
         let bind = pos(
             &ops,
-            |o| matches!(o, MountOp::AttachTree { target, .. } if target == Path::new("/r/tmp/w/proj")),
+            |o| matches!(o, MountOp::Attach { target, .. } if target == Path::new("/tmp/w/proj")),
         );
         assert!(
             tmp < w && w < proj && proj < bind && bind < ops.len(),
             "{ops:#?}"
         );
         // Inside the writable cwd, a hidden file is still covered.
-        assert!(ops.contains(&MountOp::HideFile {
-            target: "/r/tmp/w/proj/.git/secret".into()
+        assert!(ops.contains(&MountOp::Cover {
+            target: "/tmp/w/proj/.git/secret".into()
         }));
     }
 
     #[test]
     fn parents_are_bound_before_children() {
-        let probe = fake(&[("/a/b/c", Kind::Dir), ("/a", Kind::Dir)]);
+        let fs = FsView::default();
         let writable = vec![(4, PathBuf::from("/a/b/c")), (5, PathBuf::from("/a"))];
         let spec = ViewSpec {
             new_root: Path::new("/r"),
-            cwd_tree: 3,
+            cwd_tree: Some(3),
             cwd_path: Path::new("/a/b"),
             writable: &writable,
-            hidden: &[],
+            fs: &fs,
+            tmpfs_size: None,
         };
-        let ops = plan(&spec, &probe);
+        let ops = plan(&spec, &host());
         let targets: Vec<&PathBuf> = ops
             .iter()
-            .filter_map(|o| {
-                if let MountOp::AttachTree { target, .. } = o {
-                    Some(target)
-                } else {
-                    None
-                }
+            .filter_map(|o| match o {
+                MountOp::Attach { target, .. } => Some(target),
+                _ => None,
             })
             .collect();
         assert_eq!(
             targets,
-            [
-                Path::new("/r/a"),
-                Path::new("/r/a/b"),
-                Path::new("/r/a/b/c")
+            [Path::new("/a"), Path::new("/a/b"), Path::new("/a/b/c")]
+        );
+    }
+
+    #[test]
+    fn compiled_strings_are_relative_to_the_new_root() -> std::io::Result<()> {
+        let c = compile(vec![
+            MountOp::Fresh {
+                target: "/".into(),
+                fs: FreshFs::Proc,
+                read_only: false,
+            },
+            MountOp::Mkdir {
+                path: "/tmp/a/b".into(),
+            },
+            MountOp::Fresh {
+                target: "/tmp".into(),
+                fs: FreshFs::Tmpfs {
+                    mode: 0o1777,
+                    size: Some(4096),
+                },
+                read_only: false,
+            },
+        ])?;
+        assert_eq!(c[0].target.as_c_str(), c".");
+        assert_eq!(c[1].parent.as_c_str(), c"tmp/a");
+        assert_eq!(c[1].name.as_c_str(), c"b");
+        assert_eq!(c[2].fstype.as_c_str(), c"tmpfs");
+        assert_eq!(
+            c[2].options,
+            vec![
+                (CString::from(c"mode"), CString::from(c"1777")),
+                (CString::from(c"size"), CString::from(c"4096"))
             ]
         );
+        Ok(())
     }
 }

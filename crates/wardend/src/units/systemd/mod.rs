@@ -5,8 +5,10 @@
 //! - [`private`]: systemd's private socket as a zbus socket (SASL, sender rewriting).
 //! - [`properties`]: a [`UnitSpec`] as transient-unit properties.
 //! - [`unit`]: the running unit (wait, signal, stop) and its exit report.
+//! - [`lifeline`]: the service every unit is bound to, which ends when wardend does.
 
 mod bus;
+pub mod lifeline;
 mod private;
 mod properties;
 mod unit;
@@ -47,6 +49,9 @@ pub struct SystemdManager {
     /// The exec shim every command starts through; `None`: the command is started directly
     /// (only a manager built without [`SystemdManager::with_exec_shim`], as in tests).
     shim: Option<ExecShim>,
+    /// The service every unit is bound to, which stops when wardend is gone; `None` only
+    /// for a manager built without [`SystemdManager::with_lifeline`] (tests).
+    lifeline: Option<lifeline::Lifeline>,
 }
 
 impl SystemdManager {
@@ -120,7 +125,26 @@ impl SystemdManager {
             slice: name::slice_of(prefix),
             retention,
             shim: None,
+            lifeline: None,
         }
+    }
+
+    /// Start the lifeline (with the exec shim's executable) and bind every unit to it: units
+    /// then stop when wardend does, `kill -9` included. What the daemon always does.
+    pub async fn with_lifeline(mut self) -> Result<Self, UnitError> {
+        let exe = match &self.shim {
+            Some(shim) => shim.path.clone(),
+            None => std::fs::read_link("/proc/self/exe").map_err(|e| UnitError::Io {
+                step: "reading",
+                path: "/proc/self/exe".into(),
+                source: e,
+            })?,
+        };
+        let exe = exe.to_str().ok_or_else(|| {
+            UnitError::Unsupported(format!("wardend's path {} is not UTF-8", exe.display()))
+        })?;
+        self.lifeline = Some(lifeline::Lifeline::start(&self.conn, &self.prefix, exe).await?);
+        Ok(self)
     }
 
     /// Start every command through `shim` (wardend's own executable in a Landlock domain):
@@ -184,6 +208,7 @@ impl UnitManager for SystemdManager {
             &self.slice,
             self.retention,
             self.shim.as_ref(),
+            self.lifeline.as_ref().map(lifeline::Lifeline::unit),
         )
         .map_err(|e| Self::start_error(unit, e))?;
         let manager = bus::ManagerProxy::new(&self.conn)

@@ -4,7 +4,7 @@
 //! Pure: builds the list without touching the system, so it is tested without systemd.
 
 use std::os::fd::AsFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use warden_proto::Network;
 use zbus::{Fd, Variant};
@@ -53,16 +53,20 @@ pub(super) fn transient_properties<'a>(
     slice: &str,
     retention: Retention,
     shim: Option<&ExecShim>,
+    lifeline: Option<&str>,
 ) -> Result<Vec<Property<'a>>, String> {
-    let exe = utf8("executable", &spec.exe)?;
+    let command = spec.argv.first().map_or("", String::as_str);
     let exec_start = match shim {
+        // The shim looks the command up in PATH inside the unit, as the client.
         Some(shim) => (
             utf8("exec shim", &shim.path)?.to_string(),
-            shim.argv(exe, &spec.argv),
+            shim.argv(&spec.path, &spec.argv),
         ),
-        None => (exe.to_string(), spec.argv.clone()),
+        // A bare manager (tests): systemd looks a name without a slash up itself.
+        None => (command.to_string(), spec.argv.clone()),
     };
     let cwd = utf8("working directory", &spec.cwd_path)?;
+    let fs = &spec.fs;
 
     let mut props: Vec<Property<'a>> = vec![
         (
@@ -114,17 +118,18 @@ pub(super) fn transient_properties<'a>(
         ("CPUAccounting", Variant::from(true)),
         ("MemoryAccounting", Variant::from(true)),
         ("NoNewPrivileges", Variant::from(true)),
+        // /tmp and /var/tmp of its own.
         ("PrivateTmp", Variant::from(true)),
         // A /dev/shm of its own: the host's is world-writable and outside ProtectSystem's
         // reach (and PrivateDevices bind-mounts the host's), so a command could otherwise
         // leave files there that outlive its unit. POSIX shared memory still works inside.
+        // And a /run of its own: the host's holds its daemons' sockets (the bus, docker,
+        // systemd's own), reachable by connect(2) through any read-only view.
         (
             "TemporaryFileSystem",
-            Variant::from(vec![(
-                "/dev/shm".to_string(),
-                "mode=1777,nosuid,nodev".to_string(),
-            )]),
+            Variant::from(private_filesystems(spec.limits.memory_max)),
         ),
+        ("BindReadOnlyPaths", Variant::from(run_files(fs, shim)?)),
         // An IPC namespace of its own: SysV shared memory, semaphores and message queues
         // made by the command go with the unit instead of staying on the host.
         ("PrivateIPC", Variant::from(true)),
@@ -142,13 +147,33 @@ pub(super) fn transient_properties<'a>(
         ("ProtectHome", Variant::from("read-only")),
         (
             "ReadWritePaths",
-            Variant::from(writable_paths(cwd, &spec.fs.writable)?),
+            Variant::from(writable_paths(
+                fs.cwd_writable.then_some(cwd),
+                &fs.writable,
+            )?),
         ),
+        // A repository's .git on itself, so that it cannot be renamed away (taking its
+        // read-only hooks with it) and replaced.
+        ("BindPaths", Variant::from(self_binds(&fs.pinned)?)),
+        // Protected paths inside the writable ones.
+        (
+            "ReadOnlyPaths",
+            Variant::from(optional_paths("protected path", &fs.protected)?),
+        ),
+        // Hidden paths, host sockets, kernel filesystems mounted elsewhere.
         (
             "InaccessiblePaths",
-            Variant::from(optional_paths("hidden path", &spec.fs.hidden)?),
+            Variant::from(optional_paths(
+                "hidden path",
+                &[fs.hidden.as_slice(), &fs.sockets, &fs.kernel_mounts].concat(),
+            )?),
         ),
     ];
+    if let Some(l) = lifeline {
+        // Stopped by systemd when the lifeline (and so wardend) is gone.
+        props.push(("BindsTo", Variant::from(vec![l.to_string()])));
+        props.push(("After", Variant::from(vec![l.to_string()])));
+    }
     props.extend(retention_properties(retention));
     props.extend(stdio_properties(&spec.stdio));
     props.extend(limit_properties(spec));
@@ -174,15 +199,59 @@ fn retention_properties(retention: Retention) -> Vec<Property<'static>> {
     }
 }
 
-/// The cwd (must exist) and the extra writable paths (`-`: ignored when missing).
-fn writable_paths(cwd: &str, extra: &[std::path::PathBuf]) -> Result<Vec<String>, String> {
-    let mut paths = vec![cwd.to_string()];
+/// The cwd when writable (must exist) and the extra writable paths (`-`: ignored when
+/// missing).
+fn writable_paths(cwd: Option<&str>, extra: &[PathBuf]) -> Result<Vec<String>, String> {
+    let mut paths: Vec<String> = cwd.map(str::to_string).into_iter().collect();
     paths.extend(optional_paths("writable path", extra)?);
     Ok(paths)
 }
 
+/// `BindPaths` of each path onto itself, recursive, skipped when missing.
+fn self_binds(paths: &[PathBuf]) -> Result<Vec<(String, String, bool, u64)>, String> {
+    paths
+        .iter()
+        .map(|p| {
+            let p = utf8("pinned path", p)?.to_string();
+            Ok((p.clone(), p, true, libc::MS_REC))
+        })
+        .collect()
+}
+
+/// The private tmpfs filesystems of a unit (beyond PrivateTmp's), each as large as the
+/// unit's memory limit (tmpfs pages are charged to it).
+fn private_filesystems(memory_max: Option<u64>) -> Vec<(String, String)> {
+    let size = memory_max.map(|b| format!(",size={b}")).unwrap_or_default();
+    vec![
+        (
+            "/dev/shm".to_string(),
+            format!("mode=1777,nosuid,nodev{size}"),
+        ),
+        ("/run".to_string(), format!("mode=755,nosuid,nodev{size}")),
+    ]
+}
+
+/// What the private /run shows of the host's, read-only: the resolver configuration, and
+/// the exec shim when wardend keeps its copy there.
+fn run_files(
+    fs: &crate::units::FsView,
+    shim: Option<&ExecShim>,
+) -> Result<Vec<(String, String, bool, u64)>, String> {
+    let shim = shim
+        .map(|s| s.path.clone())
+        .filter(|p| p.starts_with("/run"));
+    fs.run_files
+        .iter()
+        .chain(shim.as_ref())
+        .map(|p| {
+            let p = utf8("run file", p)?.to_string();
+            Ok((p.clone(), p, true, 0))
+        })
+        .collect()
+}
+
 /// Paths prefixed with `-` so that a missing one (say `~/.aws`) does not fail the unit.
-fn optional_paths(what: &str, paths: &[std::path::PathBuf]) -> Result<Vec<String>, String> {
+fn optional_paths(what: &str, paths: &[PathBuf]) -> Result<Vec<String>, String> {
     paths
         .iter()
         .map(|p| utf8(what, p).map(|p| format!("-{p}")))
@@ -215,6 +284,9 @@ fn limit_properties(spec: &UnitSpec) -> Vec<Property<'static>> {
     }
     if let Some(tasks) = limits.tasks_max {
         props.push(("TasksMax", Variant::from(tasks)));
+    }
+    if let Some(weight) = limits.cpu_weight {
+        props.push(("CPUWeight", Variant::from(u64::from(weight))));
     }
     if let Some(percent) = limits.cpu_quota_percent {
         // 100 % of one CPU is one second of CPU time per second.
@@ -264,7 +336,7 @@ mod tests {
         Ok(UnitSpec {
             name: UnitName::random("w")?,
             argv: vec!["sh".into(), "-c".into(), "true".into()],
-            exe: PathBuf::from("/bin/sh"),
+            path: "/usr/bin:/bin".into(),
             env: vec![("A".into(), "b=c".into())],
             cwd: File::open("/")?.into(),
             cwd_path: PathBuf::from("/srv/work"),
@@ -275,8 +347,14 @@ mod tests {
             groups: vec![27, 44],
             home: None,
             fs: FsView {
+                cwd_writable: true,
                 writable: vec![PathBuf::from("/srv/cache")],
                 hidden: vec![PathBuf::from("/home/u/.ssh")],
+                protected: vec![PathBuf::from("/srv/work/.git/hooks")],
+                pinned: vec![PathBuf::from("/srv/work/.git")],
+                sockets: vec![PathBuf::from("/home/u/agent.sock")],
+                kernel_mounts: vec![PathBuf::from("/srv/chroot/proc")],
+                run_files: vec![PathBuf::from("/run/systemd/resolve/stub-resolv.conf")],
             },
             network,
             limits,
@@ -290,7 +368,7 @@ mod tests {
     #[test]
     fn the_spec_becomes_sandboxing_properties() -> Result<(), Box<dyn std::error::Error>> {
         let spec = spec(Network::None, Limits::default(), None)?;
-        let props = transient_properties(&spec, "w.slice", Retention::AddRef, None)?;
+        let props = transient_properties(&spec, "w.slice", Retention::AddRef, None, None)?;
         let get = |n: &str| find(&props, n).cloned();
         assert_eq!(get("Slice"), Some(Variant::from("w.slice")));
         assert_eq!(get("User"), Some(Variant::from("alice")));
@@ -313,16 +391,42 @@ mod tests {
         );
         assert_eq!(
             get("InaccessiblePaths"),
-            Some(Variant::from(vec!["-/home/u/.ssh".to_string()]))
+            Some(Variant::from(vec![
+                "-/home/u/.ssh".to_string(),
+                "-/home/u/agent.sock".to_string(),
+                "-/srv/chroot/proc".to_string()
+            ]))
+        );
+        assert_eq!(
+            get("ReadOnlyPaths"),
+            Some(Variant::from(vec!["-/srv/work/.git/hooks".to_string()]))
+        );
+        assert_eq!(
+            get("BindPaths"),
+            Some(Variant::from(vec![(
+                "/srv/work/.git".to_string(),
+                "/srv/work/.git".to_string(),
+                true,
+                libc::MS_REC
+            )]))
+        );
+        assert_eq!(
+            get("BindReadOnlyPaths"),
+            Some(Variant::from(vec![(
+                "/run/systemd/resolve/stub-resolv.conf".to_string(),
+                "/run/systemd/resolve/stub-resolv.conf".to_string(),
+                true,
+                0u64
+            )]))
         );
         assert_eq!(get("NoNewPrivileges"), Some(Variant::from(true)));
         assert_eq!(get("ProtectSystem"), Some(Variant::from("strict")));
         assert_eq!(
             get("TemporaryFileSystem"),
-            Some(Variant::from(vec![(
-                "/dev/shm".to_string(),
-                "mode=1777,nosuid,nodev".to_string()
-            )]))
+            Some(Variant::from(vec![
+                ("/dev/shm".to_string(), "mode=1777,nosuid,nodev".to_string()),
+                ("/run".to_string(), "mode=755,nosuid,nodev".to_string())
+            ]))
         );
         assert_eq!(get("PrivateIPC"), Some(Variant::from(true)));
         assert_eq!(get("TimeoutStopUSec"), Some(Variant::from(500_000u64)));
@@ -369,15 +473,31 @@ mod tests {
             memory_max: Some(1 << 30),
             tasks_max: Some(100),
             cpu_quota_percent: Some(250),
+            cpu_weight: Some(50),
             timeout: Some(Duration::from_millis(1500)),
         };
         let (_read, write) = rustix::pipe::pipe()?;
         let spec = spec(Network::Loopback, limits, Some(write))?;
-        let props = transient_properties(&spec, "w.slice", Retention::RemainAfterExit, None)?;
+        let props = transient_properties(&spec, "w.slice", Retention::RemainAfterExit, None, None)?;
         let get = |n: &str| find(&props, n).cloned();
         assert_eq!(get("MemoryMax"), Some(Variant::from(1u64 << 30)));
         assert_eq!(get("TasksMax"), Some(Variant::from(100u64)));
         assert_eq!(get("CPUQuotaPerSecUSec"), Some(Variant::from(2_500_000u64)));
+        assert_eq!(get("CPUWeight"), Some(Variant::from(50u64)));
+        // The private tmpfs filesystems are as large as the memory limit.
+        assert_eq!(
+            get("TemporaryFileSystem"),
+            Some(Variant::from(vec![
+                (
+                    "/dev/shm".to_string(),
+                    "mode=1777,nosuid,nodev,size=1073741824".to_string()
+                ),
+                (
+                    "/run".to_string(),
+                    "mode=755,nosuid,nodev,size=1073741824".to_string()
+                )
+            ]))
+        );
         assert_eq!(get("RuntimeMaxUSec"), Some(Variant::from(1_500_000u64)));
         assert_eq!(get("PrivateNetwork"), Some(Variant::from(true)));
         assert_eq!(get("RestrictAddressFamilies"), None);
@@ -391,7 +511,7 @@ mod tests {
         assert_eq!(get("CollectMode"), Some(Variant::from("inactive")));
 
         let host = spec_host()?;
-        let props = transient_properties(&host, "w.slice", Retention::AddRef, None)?;
+        let props = transient_properties(&host, "w.slice", Retention::AddRef, None, None)?;
         assert!(find(&props, "PrivateNetwork").is_none());
         Ok(())
     }
@@ -400,14 +520,21 @@ mod tests {
     fn commands_start_through_the_exec_shim() -> Result<(), Box<dyn std::error::Error>> {
         let spec = spec(Network::None, Limits::default(), None)?;
         let shim = ExecShim::new(PathBuf::from("/usr/sbin/wardend"), 6)?;
-        let props = transient_properties(&spec, "w.slice", Retention::AddRef, Some(&shim))?;
+        let props = transient_properties(
+            &spec,
+            "w.slice",
+            Retention::AddRef,
+            Some(&shim),
+            Some("w-lifeline-00.service"),
+        )?;
         let argv = [
             "wardend",
             "exec-shim",
             "--scope",
             "signal,abstract-unix",
+            "--path",
+            "/usr/bin:/bin",
             "--",
-            "/bin/sh",
             "sh",
             "-c",
             "true",
@@ -424,12 +551,19 @@ mod tests {
             find(&props, "IgnoreSIGPIPE").cloned(),
             Some(Variant::from(false))
         );
-        // Without a shim (a bare manager), the command itself.
-        let props = transient_properties(&spec, "w.slice", Retention::AddRef, None)?;
+        for dep in ["BindsTo", "After"] {
+            assert_eq!(
+                find(&props, dep).cloned(),
+                Some(Variant::from(vec!["w-lifeline-00.service".to_string()])),
+                "{dep}"
+            );
+        }
+        // Without a shim (a bare manager), the command itself, looked up by systemd.
+        let props = transient_properties(&spec, "w.slice", Retention::AddRef, None, None)?;
         assert_eq!(
             find(&props, "ExecStartEx").cloned(),
             Some(Variant::from(vec![(
-                "/bin/sh".to_string(),
+                "sh".to_string(),
                 vec!["sh".to_string(), "-c".to_string(), "true".to_string()],
                 vec!["no-env-expand".to_string()],
             )]))
