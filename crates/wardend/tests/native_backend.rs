@@ -760,6 +760,19 @@ async fn cpu_quota_and_limits_are_written_to_the_cgroup() {
         weight.as_deref() == Some("50") || weight.as_deref() == Some("512"),
         "{weight:?}"
     );
+    // The slice, all units together, weighs less than the daemon (weight 100 / 1024 shares).
+    let slice_weight = m.slices().iter().find_map(|d| {
+        ["cpu.weight", "cpu.shares"]
+            .iter()
+            .find_map(|f| fs::read_to_string(d.join(f)).ok())
+    });
+    assert!(
+        matches!(
+            slice_weight.as_deref().map(str::trim),
+            Some("50") | Some("512")
+        ),
+        "{slice_weight:?}"
+    );
     unit.stop().await.unwrap();
 }
 

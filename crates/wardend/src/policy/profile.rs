@@ -166,7 +166,10 @@ pub const DEFAULT_MEMORY_FRACTION: (u64, u64) = (1, 2);
 /// default and wardend's own): below the daemon's, so a busy unit never starves it.
 pub const DEFAULT_CPU_WEIGHT: u32 = 50;
 
-const _: () = assert!(DEFAULT_CPU_WEIGHT < 100, "below the daemon's default weight");
+const _: () = assert!(
+    DEFAULT_CPU_WEIGHT < 100,
+    "below the daemon's default weight"
+);
 
 /// `DEFAULT_MEMORY_FRACTION` of this host's RAM, rounded down to MiB.
 pub fn default_memory_max() -> u64 {

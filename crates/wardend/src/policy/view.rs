@@ -161,7 +161,9 @@ pub fn resolve(i: &Inputs<'_>) -> Result<FsView, PolicyError> {
         // Without the kernel's list a unit could reach a host socket: no unit then.
         Err(e) => return Err(PolicyError::Io(e)),
     }
-    sockets.retain(|s| !under_any(s, PRIVATE_DIRS) && !hidden.iter().any(|h| s.starts_with(h)));
+    // (Under /tmp and /var/tmp only what a writable bind brings in is visible: the backend
+    // knows, and covers those.)
+    sockets.retain(|s| !under_any(s, NO_CWD_BELOW) && !hidden.iter().any(|h| s.starts_with(h)));
     dedup(&mut sockets);
 
     Ok(FsView {
@@ -252,26 +254,30 @@ fn may_be_writable(path: &Path, hidden: &[PathBuf]) -> bool {
     !covers_private && !under_any(path, NO_CWD_BELOW) && !hidden.iter().any(|h| path.starts_with(h))
 }
 
-/// The path at which a bound socket can be reached now, if it can.
+/// The path at which a bound socket can be reached now, if it can: its name, canonical,
+/// if a socket is there. (Not its inode number: on overlayfs, `stat` and the kernel's list
+/// disagree about it; whatever socket the name leads to now is the host's and is covered.)
 fn visible_socket(s: &BoundSocket, hidden: &[PathBuf]) -> Option<PathBuf> {
+    use std::os::unix::fs::FileTypeExt;
     let parent = canonical(s.path.parent()?)?;
     let path = parent.join(s.path.file_name()?);
-    if under_any(&path, PRIVATE_DIRS) || hidden.iter().any(|h| path.starts_with(h)) {
+    if under_any(&path, NO_CWD_BELOW) || hidden.iter().any(|h| path.starts_with(h)) {
         return None;
     }
     let meta = std::fs::symlink_metadata(&path).ok()?;
-    s.is(&meta).then_some(path)
+    meta.file_type().is_socket().then_some(path)
 }
 
-/// Mount points of kernel filesystems outside the private directories, and every other
-/// place a private directory's host content is mounted (a bind of `/` shows the host's
-/// `/run` and `/tmp` again).
+/// Mount points of kernel filesystems outside `/proc`, `/sys`, `/dev` and `/run` (those in
+/// `/tmp` or `/var/tmp` matter where a writable bind brings them in), and every other place
+/// a private directory's host content is mounted (a bind of `/` shows the host's `/run`
+/// and `/tmp` again).
 fn kernel_mounts(mounts: &[Mount]) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = mounts
         .iter()
         .filter(|m| KERNEL_FILESYSTEMS.contains(&m.fstype.as_str()))
         .map(|m| m.point.clone())
-        .filter(|p| !under_any(p, PRIVATE_DIRS))
+        .filter(|p| !under_any(p, NO_CWD_BELOW))
         .collect();
     for dir in PRIVATE_DIRS {
         out.extend(
@@ -526,6 +532,7 @@ mod tests {
             "1 0 254:0 / / rw - ext4 /dev/vda rw\n\
              2 1 0:21 / /proc rw - proc proc rw\n\
              3 1 0:30 / /srv/chroot/proc rw - proc proc rw\n\
+             6 1 0:31 / /tmp/w/chroot/proc rw - proc proc rw\n\
              4 1 254:0 / /mnt/host rw - ext4 /dev/vda rw\n\
              5 1 0:40 / /sys/fs/bpf rw - bpf bpf rw\n",
         );
@@ -538,7 +545,8 @@ mod tests {
                 "/mnt/host/sys",
                 "/mnt/host/tmp",
                 "/mnt/host/var/tmp",
-                "/srv/chroot/proc"
+                "/srv/chroot/proc",
+                "/tmp/w/chroot/proc"
             ]
             .map(PathBuf::from)
         );

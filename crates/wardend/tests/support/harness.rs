@@ -87,6 +87,8 @@ pub struct Harness {
     /// The client account wardend serves and clients run as (`nobody` unless a test made
     /// a throwaway account with [`Options::client_home`]).
     pub client: ClientAccount,
+    /// Paths (where the daemon runs) removed when the harness is dropped.
+    pub remove_on_drop: Vec<PathBuf>,
     /// The config file passed with `--config`, as the daemon sees it.
     pub config: Option<PathBuf>,
 }
@@ -130,6 +132,12 @@ pub struct Options {
     /// real host can), so a loopback unit would have no working loopback at all. The
     /// container boots only an empty target: nothing in it configures the network.
     pub container_net_admin: bool,
+    /// With `client_home`: the account's home as the user database has it is a symlink,
+    /// `/srv/<prefix>-home` → `/srv/<prefix>-realhome`, where the files are.
+    pub home_via_symlink: bool,
+    /// Give wardend the socket `/srv/<prefix>-sock/link/warden.sock`, where `link` is a
+    /// symlink to the directory `real` beside it.
+    pub socket_via_symlink: bool,
 }
 
 /// The fake private key written into a throwaway client's `~/.ssh/id_ed25519`.
@@ -159,9 +167,10 @@ impl Harness {
             Kind::Native if !opts.client_home => scratch.path().join("work"),
             _ => PathBuf::from(format!("/srv/{prefix}")),
         };
-        let socket = match kind {
-            Kind::Native => scratch.path().join("run/warden.sock"),
-            Kind::Systemd => PathBuf::from("/run/warden/warden.sock"),
+        let socket = match (opts.socket_via_symlink, kind) {
+            (true, _) => PathBuf::from(format!("/srv/{prefix}-sock/link/warden.sock")),
+            (false, Kind::Native) => scratch.path().join("run/warden.sock"),
+            (false, Kind::Systemd) => PathBuf::from("/run/warden/warden.sock"),
         };
         let mut h = Self {
             kind,
@@ -174,13 +183,20 @@ impl Harness {
             container,
             client: ClientAccount::nobody(),
             config: None,
+            remove_on_drop: Vec::new(),
         };
         let wd = h.workdir.display().to_string();
         h.exec_root(&["mkdir", "-p", &wd])?;
+        if opts.socket_via_symlink {
+            let dir = PathBuf::from(format!("/srv/{}-sock", h.prefix));
+            h.remove_on_drop.push(dir.clone());
+            std::fs::create_dir_all(h.host_path(&dir.join("real")))?;
+            std::os::unix::fs::symlink("real", h.host_path(&dir.join("link")))?;
+        }
         if opts.client_home {
             // From here on Drop removes the account, its home and the workdir.
             h.client.created = true;
-            h.make_client_account()?;
+            h.make_client_account(opts.home_via_symlink)?;
         }
         let owner = format!("{}:{}", h.client.uid, h.client.gid);
         h.exec_root(&["chown", &owner, &wd])?;
@@ -198,11 +214,19 @@ impl Harness {
 
     /// Create `w<prefix>` with home `/srv/<prefix>-home`: `~/.ssh/id_ed25519` (600, a fake
     /// key), `~/.cache/`, all owned by it.
-    fn make_client_account(&mut self) -> Result<()> {
+    fn make_client_account(&mut self, home_via_symlink: bool) -> Result<()> {
         let name = format!("w{}", self.prefix);
         let home = PathBuf::from(format!("/srv/{}-home", self.prefix));
         let home_s = home.display().to_string();
         self.exec_root(&["useradd", "-M", "-d", &home_s, "-s", "/bin/sh", &name])?;
+        if home_via_symlink {
+            let real = PathBuf::from(format!("/srv/{}-realhome", self.prefix));
+            self.remove_on_drop.push(real.clone());
+            std::fs::create_dir_all(self.host_path(&real))?;
+            // Relative: the host follows it through /proc/PID/root as the container does.
+            let rel = real.file_name().ok_or("no file name")?;
+            std::os::unix::fs::symlink(rel, self.host_path(&home))?;
+        }
         let id = |flag: &str| -> Result<u32> {
             let out = self.exec_root(&["id", flag, &name])?;
             Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
@@ -240,9 +264,14 @@ impl Harness {
     /// A command run as the client account (nobody or the throwaway one), in the workdir,
     /// where the daemon runs, with only PATH, HOME, WARDEN_SOCKET and `env` (`K=V`) set.
     pub fn as_client(&self, argv: &[&str], env: &[&str]) -> Command {
+        self.as_client_in(&self.workdir, argv, env)
+    }
+
+    /// [`Harness::as_client`] in directory `cwd` (as the daemon sees it).
+    pub fn as_client_in(&self, cwd: &Path, argv: &[&str], env: &[&str]) -> Command {
         let reuid = format!("--reuid={}", self.client.uid);
         let regid = format!("--regid={}", self.client.gid);
-        let wd = self.workdir.display().to_string();
+        let wd = cwd.display().to_string();
         let home = format!("HOME={}", self.client.home.display());
         let sock = format!("WARDEN_SOCKET={}", self.socket.display());
         let mut full = vec![
@@ -268,10 +297,15 @@ impl Harness {
 
     /// `warden ARGS...` as the client account, with `env` (`K=V`) in its environment.
     pub fn warden_client(&self, args: &[&str], env: &[&str]) -> Command {
+        self.warden_client_in(&self.workdir, args, env)
+    }
+
+    /// [`Harness::warden_client`] in directory `cwd` (as the daemon sees it).
+    pub fn warden_client_in(&self, cwd: &Path, args: &[&str], env: &[&str]) -> Command {
         let w = bin("warden").display().to_string();
         let mut argv = vec![w.as_str()];
         argv.extend_from_slice(args);
-        self.as_client(&argv, env)
+        self.as_client_in(cwd, &argv, env)
     }
 
     /// Run wardend once more, where the daemon runs, with `--config` text `config_toml` and
@@ -606,6 +640,9 @@ impl Drop for Harness {
                     .status();
                 let _ = std::fs::remove_dir_all(format!("/srv/{}-home", self.prefix));
                 let _ = std::fs::remove_dir_all(format!("/srv/{}", self.prefix));
+            }
+            for p in &self.remove_on_drop {
+                let _ = std::fs::remove_dir_all(p).or_else(|_| std::fs::remove_file(p));
             }
         }
         // The container (systemd) takes its units with it when it is dropped.

@@ -17,5 +17,6 @@ macro_rules! per_backend {
     };
 }
 
+pub mod attack;
 pub mod container;
 pub mod harness;

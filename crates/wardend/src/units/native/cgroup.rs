@@ -16,6 +16,9 @@ use super::super::{name, Limits, UnitError};
 
 /// How long the kill path waits for a cgroup to become empty.
 const EMPTY_TIMEOUT: Duration = Duration::from_secs(5);
+/// The CPU weight of `<prefix>.slice`, all units together (cgroup v2 scale; the daemon
+/// beside it has the default 100): a host busy with units still schedules wardend.
+pub const SLICE_CPU_WEIGHT: u32 = 50;
 /// Poll interval while waiting for a cgroup to empty or a freezer to settle.
 const POLL: Duration = Duration::from_millis(1);
 
@@ -133,6 +136,21 @@ impl Cgroups {
                 // fail at start, with the file named.
                 enable_controllers(root);
                 enable_controllers(&slice);
+            }
+            // All units together weigh less than the daemon beside them (best effort: a
+            // host without a cpu controller for us has no weights).
+            let weight = match h {
+                Hierarchy::V2(_) => Some(("cpu.weight", SLICE_CPU_WEIGHT.to_string())),
+                Hierarchy::V1(..) if h.has(V1Controller::Cpu) => Some((
+                    "cpu.shares",
+                    (u64::from(SLICE_CPU_WEIGHT) * 1024 / 100).to_string(),
+                )),
+                Hierarchy::V1(..) => None,
+            };
+            if let Some((file, value)) = weight {
+                if slice.join(file).exists() {
+                    let _ = fs::write(slice.join(file), value);
+                }
             }
         }
         Ok(this)

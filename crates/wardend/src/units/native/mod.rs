@@ -119,7 +119,12 @@ impl Prepared {
             move |source: io::Error| UnitError::Io { step, path, source }
         };
         let mut trees = Vec::new();
-        let cwd_tree = if spec.fs.cwd_writable {
+        // A read-only cwd needs a bind of its own only under a fresh /tmp or /var/tmp (the
+        // host's root, read-only, shows it anywhere else).
+        let in_fresh_temp = ["/tmp", "/var/tmp"]
+            .iter()
+            .any(|t| spec.cwd_path.starts_with(t));
+        let cwd_tree = if spec.fs.cwd_writable || in_fresh_temp {
             let tree = mounts::clone_tree(spec.cwd.as_fd()).map_err(io_err(
                 "cloning the mount of the working directory",
                 &spec.cwd_path,
@@ -144,6 +149,7 @@ impl Prepared {
         let view = ViewSpec {
             new_root,
             cwd_tree,
+            cwd_writable: spec.fs.cwd_writable,
             cwd_path: &spec.cwd_path,
             writable: &writable,
             fs: &spec.fs,

@@ -123,6 +123,8 @@ pub enum MountOp {
         tree: RawFd,
         /// Where.
         target: PathBuf,
+        /// Made read-only (every submount too) before it is attached.
+        read_only: bool,
     },
     /// Mount `target` on itself (read-only, or writable to pin a directory in place): a
     /// mount point cannot be renamed, removed or replaced. `target` may be a symlink.
@@ -158,8 +160,11 @@ const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 pub struct ViewSpec<'a> {
     /// An empty host directory the new root is built on.
     pub new_root: &'a Path,
-    /// A detached clone of the cwd's mount tree, when the cwd is writable.
+    /// A detached clone of the cwd's mount tree, when the cwd is writable — or read-only
+    /// but under a fresh `/tmp` or `/var/tmp`, where it must be bound to be there at all.
     pub cwd_tree: Option<RawFd>,
+    /// Whether the cwd is writable (else its bind, if any, is read-only).
+    pub cwd_writable: bool,
     /// The cwd's path.
     pub cwd_path: &'a Path,
     /// Extra writable paths: a clone of each, and where it goes.
@@ -191,28 +196,29 @@ pub fn plan(spec: &ViewSpec<'_>, probe: &dyn Probe) -> Vec<MountOp> {
         }
     }
 
-    // Writable binds, parents before children (a parent bound later would cover a child).
-    let mut binds: Vec<(RawFd, &Path)> = spec
+    // The binds, parents before children (a parent bound later would cover a child).
+    let mut binds: Vec<(RawFd, &Path, bool)> = spec
         .cwd_tree
-        .map(|t| (t, spec.cwd_path))
+        .map(|t| (t, spec.cwd_path, !spec.cwd_writable))
         .into_iter()
         .collect();
     for (tree, path) in spec.writable {
         if path.is_absolute() {
-            binds.push((*tree, path));
+            binds.push((*tree, path, false));
         }
     }
-    binds.sort_by_key(|(_, p)| p.components().count());
+    binds.sort_by_key(|(_, p, _)| p.components().count());
     binds.dedup_by(|a, b| a.1 == b.1);
-    for &(tree, path) in &binds {
+    for &(tree, path, read_only) in &binds {
         // Inside a fresh tmpfs the mount point does not exist yet.
         mkdir_parents_in_fresh(&mut ops, path);
         ops.push(MountOp::Attach {
             tree,
             target: path.to_path_buf(),
+            read_only,
         });
     }
-    let bound = |p: &Path| binds.iter().any(|(_, b)| p.starts_with(b));
+    let bound = |p: &Path| binds.iter().any(|(_, b, _)| p.starts_with(b));
     let mut pins: Vec<(&Path, bool)> = spec
         .fs
         .pinned
@@ -528,7 +534,12 @@ pub fn apply(c: &CompiledOp, st: &mut ApplyState) -> Result<(), i32> {
             let target = Fd(sys::resolve(st.root, &c.target, false)?);
             sys::move_mount(tree.0, target.0, MOVE_BOTH_EMPTY)
         }
-        MountOp::Attach { tree, .. } => {
+        MountOp::Attach {
+            tree, read_only, ..
+        } => {
+            if *read_only {
+                sys::set_read_only(*tree, true)?;
+            }
             let target = Fd(sys::resolve(st.root, &c.target, true)?);
             sys::move_mount(*tree, target.0, MOVE_BOTH_EMPTY)?;
             // Check after: the destination, looked up again, is the directory bound.
@@ -932,6 +943,7 @@ mod tests {
         let spec = ViewSpec {
             new_root: Path::new("/run/r"),
             cwd_tree: Some(9),
+            cwd_writable: true,
             cwd_path: Path::new("/home/u/project"),
             writable: &writable,
             fs: &fs,
@@ -953,6 +965,7 @@ mod tests {
             o == &MountOp::Attach {
                 tree: 9,
                 target: "/home/u/project".into(),
+                read_only: false,
             }
         });
         let git = pos(
@@ -1051,6 +1064,7 @@ mod tests {
         let spec = ViewSpec {
             new_root: Path::new("/r"),
             cwd_tree: None,
+            cwd_writable: false,
             cwd_path: Path::new("/home/u"),
             writable: &[],
             fs: &fs,
@@ -1066,6 +1080,37 @@ mod tests {
     }
 
     #[test]
+    fn a_read_only_cwd_under_tmp_is_bound_read_only_and_covered_inside() {
+        let fs = FsView {
+            hidden: paths(&["/tmp/w/run"]),
+            ..FsView::default()
+        };
+        let spec = ViewSpec {
+            new_root: Path::new("/r"),
+            cwd_tree: Some(7),
+            cwd_writable: false,
+            cwd_path: Path::new("/tmp/w"),
+            writable: &[],
+            fs: &fs,
+            tmpfs_size: None,
+        };
+        let ops = plan(&spec, &host());
+        let bind = pos(&ops, |o| {
+            o == &MountOp::Attach {
+                tree: 7,
+                target: "/tmp/w".into(),
+                read_only: true,
+            }
+        });
+        let cover = pos(&ops, |o| {
+            o == &MountOp::Cover {
+                target: "/tmp/w/run".into(),
+            }
+        });
+        assert!(bind < cover && cover < ops.len(), "{ops:#?}");
+    }
+
+    #[test]
     fn a_cwd_under_tmp_gets_its_mount_point_created_in_the_private_tmp() {
         let fs = FsView {
             hidden: paths(&["/tmp/w/proj/.git/secret"]),
@@ -1074,6 +1119,7 @@ mod tests {
         let spec = ViewSpec {
             new_root: Path::new("/r"),
             cwd_tree: Some(3),
+            cwd_writable: true,
             cwd_path: Path::new("/tmp/w/proj"),
             writable: &[],
             fs: &fs,
@@ -1115,6 +1161,7 @@ mod tests {
         let spec = ViewSpec {
             new_root: Path::new("/r"),
             cwd_tree: Some(3),
+            cwd_writable: true,
             cwd_path: Path::new("/a/b"),
             writable: &writable,
             fs: &fs,
