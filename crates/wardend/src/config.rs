@@ -619,6 +619,49 @@ mod tests {
     }
 
     #[test]
+    fn the_admin_adds_and_removes_built_in_entries_in_the_ceiling() -> Result<(), ConfigError> {
+        let text = "[ceiling]\nhidden_except = [\"~/.npmrc\"]\nprotected_except = [\".idea\"]\n\
+                    env_allow = [\"GITLAB_*\"]\nprotected = [\".tool-versions\"]\n\
+                    cpu_weight = 80\n[profiles.quiet]\ncpu_weight = 20\n";
+        let cfg = Config::from_text(Path::new("w.toml"), text, flags_with_user())?;
+        let c = &cfg.profiles.ceiling;
+        assert_eq!(c.hidden_except, ["~/.npmrc"]);
+        assert_eq!(c.protected_except, [".idea"]);
+        assert_eq!(c.env_allow, ["GITLAB_*"]);
+        assert_eq!(c.protected, [".tool-versions"]);
+        let weight = |n: &str| cfg.profiles.profiles.get(n).and_then(|p| p.cpu_weight);
+        assert_eq!(weight("quiet"), Some(20));
+        // A configured profile is bounded by default: the built-in default's limits.
+        let quiet = cfg.profiles.profiles.get("quiet");
+        assert!(quiet.is_some_and(|p| p.memory_max.is_some() && p.tasks_max == Some(4096)));
+        // Only entries of the built-in lists can be excepted; only the ceiling may.
+        for (text, expected) in [
+            (
+                "[ceiling]\nhidden_except = [\"~/.nothing\"]\n",
+                "w.toml:2: ceiling.hidden_except: \"~/.nothing\" is not a built-in entry",
+            ),
+            (
+                "[profiles.x]\nenv_allow = [\"A\"]\n",
+                "w.toml:2: profiles.x.env_allow: belongs in [ceiling]: it applies to every unit",
+            ),
+            (
+                "[ceiling]\ncpu_weight = 0\n",
+                "w.toml:2: ceiling.cpu_weight: must be between 1 and 10000",
+            ),
+            (
+                "[ceiling]\ncpu_weight = 60\n[profiles.x]\ncpu_weight = 90\n",
+                "w.toml:4: profiles.x.cpu_weight: 90 loosens the ceiling (60)",
+            ),
+        ] {
+            let err = Config::from_text(Path::new("w.toml"), text, flags_with_user())
+                .map(|_| ())
+                .map_err(|e| e.to_string());
+            assert_eq!(err, Err(expected.to_string()), "{text}");
+        }
+        Ok(())
+    }
+
+    #[test]
     fn bad_profile_values_name_the_line_and_key() {
         let text = "[profiles.x]\ntimeout = \"soon\"\n";
         let err = Config::from_text(Path::new("w.toml"), text, flags_with_user())

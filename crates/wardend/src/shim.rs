@@ -209,13 +209,13 @@ impl ExecShim {
     }
 }
 
-/// Every unit has a private /tmp and /var/tmp and a /dev/shm of its own: a shim there would
-/// not be found.
-/// Directories every systemd unit gets a private copy of.
-const PRIVATE_IN_UNITS: [&str; 3] = ["/tmp", "/var/tmp", "/dev/shm"];
+/// Directories every systemd unit gets a private one of (/tmp, /var/tmp, /dev/shm, /run): a
+/// shim there would not be found.
+const PRIVATE_IN_UNITS: [&str; 4] = ["/tmp", "/var/tmp", "/dev/shm", "/run"];
 
 /// Where a wardend started from a directory that units cannot see keeps a copy of itself.
-const SHIM_COPY: &str = "/run/wardend/exec-shim";
+/// (Not under `/run`: every unit has a private one of that too.)
+const SHIM_COPY: &str = "/var/lib/wardend/exec-shim";
 
 /// Copy wardend's executable to [`SHIM_COPY`] (root-owned, read-only, replaced atomically),
 /// for a wardend run from a build or checkout under /tmp.
@@ -500,7 +500,12 @@ mod tests {
 
     #[test]
     fn a_shim_under_a_private_directory_is_refused() {
-        for path in ["/tmp/x/wardend", "/var/tmp/wardend", "/dev/shm/wardend"] {
+        for path in [
+            "/tmp/x/wardend",
+            "/var/tmp/wardend",
+            "/dev/shm/wardend",
+            "/run/wardend",
+        ] {
             assert!(ExecShim::new(PathBuf::from(path), 7).is_err(), "{path}");
         }
         assert!(ExecShim::new(PathBuf::from("/usr/sbin/wardend (deleted)"), 7).is_err());

@@ -685,7 +685,7 @@ fn systemd_unit_properties_are_the_baseline_sandbox() -> Result<()> {
     // The shim is wardend itself, or its copy when wardend runs from under /tmp.
     let paths = [
         format!("path={} ;", bin("wardend").display()),
-        "path=/run/wardend/exec-shim ;".to_string(),
+        "path=/var/lib/wardend/exec-shim ;".to_string(),
     ];
     assert!(
         props.lines().any(|l| l.starts_with("ExecStart=")

@@ -1,6 +1,7 @@
 //! Policy: a start request, its descriptors, the client account and the daemon's settings
 //! become one fully validated [`UnitSpec`] — every check done and every path resolved
-//! before a backend touches the system. Nothing here changes the system.
+//! before a backend touches the system. Nothing here changes the system, but for one thing
+//! made as the client: a repository's missing `.git/hooks` (see [`view`]).
 //!
 //! [`profile`] holds the profiles and the admin's ceiling; [`env`] filters the environment;
 //! [`view`] resolves the filesystem view (hidden, protected, writable, host sockets) on the

@@ -129,7 +129,7 @@ pub(super) fn transient_properties<'a>(
             "TemporaryFileSystem",
             Variant::from(private_filesystems(spec.limits.memory_max)),
         ),
-        ("BindReadOnlyPaths", Variant::from(run_files(fs, shim)?)),
+        ("BindReadOnlyPaths", Variant::from(run_files(fs)?)),
         // An IPC namespace of its own: SysV shared memory, semaphores and message queues
         // made by the command go with the unit instead of staying on the host.
         ("PrivateIPC", Variant::from(true)),
@@ -231,18 +231,10 @@ fn private_filesystems(memory_max: Option<u64>) -> Vec<(String, String)> {
     ]
 }
 
-/// What the private /run shows of the host's, read-only: the resolver configuration, and
-/// the exec shim when wardend keeps its copy there.
-fn run_files(
-    fs: &crate::units::FsView,
-    shim: Option<&ExecShim>,
-) -> Result<Vec<(String, String, bool, u64)>, String> {
-    let shim = shim
-        .map(|s| s.path.clone())
-        .filter(|p| p.starts_with("/run"));
+/// What the private /run shows of the host's, read-only: the resolver configuration.
+fn run_files(fs: &crate::units::FsView) -> Result<Vec<(String, String, bool, u64)>, String> {
     fs.run_files
         .iter()
-        .chain(shim.as_ref())
         .map(|p| {
             let p = utf8("run file", p)?.to_string();
             Ok((p.clone(), p, true, 0))
