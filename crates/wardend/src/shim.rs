@@ -193,8 +193,8 @@ impl ExecShim {
     }
 
     /// The `ExecStartEx` argv that runs `argv` through the shim, `argv[0]` looked up in
-    /// `path`.
-    pub fn argv(&self, path: &str, argv: &[String]) -> Vec<String> {
+    /// `path`, in a working directory that must be the inode `cwd` (device, inode).
+    pub fn argv(&self, path: &str, cwd: (u64, u64), argv: &[String]) -> Vec<String> {
         let mut out = vec![
             "wardend".to_string(),
             SUBCOMMAND.to_string(),
@@ -202,6 +202,8 @@ impl ExecShim {
             self.scopes.to_arg(),
             "--path".to_string(),
             path.to_string(),
+            "--cwd".to_string(),
+            format!("{}:{}", cwd.0, cwd.1),
             "--".to_string(),
         ];
         out.extend_from_slice(argv);
@@ -263,14 +265,18 @@ struct Invocation {
     scopes: Scopes,
     /// Where ARGV0 is looked up.
     path: String,
+    /// The working directory the client passed, as (device, inode).
+    cwd: Option<(u64, u64)>,
     argv: Vec<CString>,
 }
 
-/// Parse what follows `exec-shim`: `[--scope LIST] [--path PATH] -- ARGV0 ARGS...`.
+/// Parse what follows `exec-shim`: `[--scope LIST] [--path PATH] [--cwd DEV:INO] -- ARGV0
+/// ARGS...`.
 fn parse(args: Vec<OsString>) -> Result<Invocation, String> {
     let mut args = args.into_iter();
     let mut scopes = Scopes::default();
     let mut path = crate::policy::DEFAULT_PATH.to_string();
+    let mut cwd = None;
     loop {
         let arg = args.next().ok_or("missing `-- ARGV0`")?;
         match arg.as_bytes() {
@@ -284,6 +290,15 @@ fn parse(args: Vec<OsString>) -> Result<Invocation, String> {
                 path = value
                     .into_string()
                     .map_err(|_| "--path is not UTF-8".to_string())?;
+            }
+            b"--cwd" => {
+                let value = args.next().ok_or("--cwd needs a value")?;
+                let value = value.to_string_lossy();
+                let (dev, ino) = value
+                    .split_once(':')
+                    .and_then(|(d, i)| Some((d.parse().ok()?, i.parse().ok()?)))
+                    .ok_or_else(|| format!("--cwd {value:?} is not DEV:INO"))?;
+                cwd = Some((dev, ino));
             }
             other => {
                 return Err(format!(
@@ -300,7 +315,12 @@ fn parse(args: Vec<OsString>) -> Result<Invocation, String> {
     if argv.first().is_none_or(|a| a.is_empty()) {
         return Err("missing ARGV0".into());
     }
-    Ok(Invocation { scopes, path, argv })
+    Ok(Invocation {
+        scopes,
+        path,
+        cwd,
+        argv,
+    })
 }
 
 /// Run the shim when this process was started as `wardend exec-shim ...`; `None` otherwise.
@@ -321,6 +341,17 @@ pub fn main_if_invoked() -> Option<ExitCode> {
     if let Err(e) = restrict_self(inv.scopes) {
         eprintln!("warden: landlock: {e}");
         return Some(ExitCode::from(125));
+    }
+    // systemd set the unit's view up by path: if a path changed in between (a symlink
+    // swapped in by another unit), the working directory is not the one the client passed,
+    // and nothing of this unit's view can be trusted. Run nothing.
+    if let Some(expected) = inv.cwd {
+        use std::os::unix::fs::MetadataExt;
+        let here = std::fs::metadata(".").map(|m| (m.dev(), m.ino()));
+        if here.as_ref().ok() != Some(&expected) {
+            eprintln!("warden: the working directory changed while the unit was set up");
+            return Some(ExitCode::from(125));
+        }
     }
     let errno = exec(&inv);
     let command = inv
@@ -434,6 +465,8 @@ mod tests {
             "signal,abstract-unix",
             "--path",
             "/opt/bin:/bin",
+            "--cwd",
+            "2049:77",
             "--",
             "printf",
             "--",
@@ -449,6 +482,7 @@ mod tests {
             }
         );
         assert_eq!(inv.path, "/opt/bin:/bin");
+        assert_eq!(inv.cwd, Some((2049, 77)));
         assert_eq!(
             inv.argv,
             vec![c("printf")?, c("--")?, c("$HOME")?, c("")?, c("--scope")?]
@@ -470,6 +504,7 @@ mod tests {
             &["--", ""][..],
             &["--scope"][..],
             &["--path"][..],
+            &["--cwd", "12", "--", "true"][..],
             &["--scope", "signal,ptrace", "--", "true"][..],
             &["--bogus", "--", "true"][..],
         ] {
@@ -481,11 +516,12 @@ mod tests {
     fn argv_round_trips_through_the_parser() -> Result<(), Box<dyn std::error::Error>> {
         let shim = ExecShim::new(PathBuf::from("/usr/sbin/wardend"), 7)?;
         let argv = vec!["sh".to_string(), "-c".to_string(), "echo $$".to_string()];
-        let full = shim.argv("/usr/bin:/bin", &argv);
+        let full = shim.argv("/usr/bin:/bin", (1, 2), &argv);
         assert_eq!(&full[..2], ["wardend", SUBCOMMAND]);
         let inv = parse(full[2..].iter().map(OsString::from).collect())?;
         assert_eq!(inv.scopes, Scopes::supported_by(7));
         assert_eq!(inv.path, "/usr/bin:/bin");
+        assert_eq!(inv.cwd, Some((1, 2)));
         assert_eq!(inv.argv, vec![c("sh")?, c("-c")?, c("echo $$")?]);
         Ok(())
     }

@@ -611,6 +611,34 @@ mod checks {
     }
 }
 
+/// The exec shim runs nothing when its working directory is not the one the client passed
+/// (systemd set the unit up by path: a symlink swapped in meanwhile would be followed).
+#[test]
+fn exec_shim_refuses_a_working_directory_that_changed() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let shim = |cwd: &str| {
+        std::process::Command::new(bin("wardend"))
+            .args(["exec-shim", "--scope", "none", "--cwd", cwd, "--", "true"])
+            .current_dir(dir.path())
+            .output()
+    };
+    let st = std::fs::metadata(dir.path())?;
+    let here = format!(
+        "{}:{}",
+        std::os::unix::fs::MetadataExt::dev(&st),
+        std::os::unix::fs::MetadataExt::ino(&st)
+    );
+    let ok = shim(&here)?;
+    assert_eq!(ok.status.code(), Some(0), "{}", text(&ok.stderr));
+    let moved = shim("1:1")?;
+    assert_eq!(moved.status.code(), Some(125));
+    assert_eq!(
+        text(&moved.stderr),
+        "warden: the working directory changed while the unit was set up\n"
+    );
+    Ok(())
+}
+
 #[test]
 fn systemd_unit_properties_are_the_baseline_sandbox() -> Result<()> {
     let Some(h) = harness(Kind::Systemd, &[])? else {
@@ -680,8 +708,9 @@ fn systemd_unit_properties_are_the_baseline_sandbox() -> Result<()> {
     );
     // Started through wardend's exec shim, in a Landlock domain scoping signals and abstract
     // sockets (this host's kernel has Landlock ABI >= 6).
-    // The command is looked up in PATH by the shim, inside the unit, as the client.
-    let shim = "argv[]=wardend exec-shim --scope signal,abstract-unix --path /usr/local/bin:/usr/bin:/bin -- sleep 1000 ;";
+    // The command is looked up in PATH by the shim, inside the unit, as the client, in the
+    // directory the client passed (checked by device and inode).
+    let shim = "argv[]=wardend exec-shim --scope signal,abstract-unix --path /usr/local/bin:/usr/bin:/bin --cwd ";
     // The shim is wardend itself, or its copy when wardend runs from under /tmp.
     let paths = [
         format!("path={} ;", bin("wardend").display()),
@@ -690,7 +719,8 @@ fn systemd_unit_properties_are_the_baseline_sandbox() -> Result<()> {
     assert!(
         props.lines().any(|l| l.starts_with("ExecStart=")
             && paths.iter().any(|p| l.contains(p.as_str()))
-            && l.contains(shim)),
+            && l.contains(shim)
+            && l.contains(" -- sleep 1000 ;")),
         "not started through the exec shim:\n{props}"
     );
     if let Some(pid) = client_pid(&child) {

@@ -344,6 +344,27 @@ mod checks {
                 );
             }
         }
+        // A hidden file inside a writable directory (the cache): its directory cannot be
+        // renamed away to a name no later unit would hide.
+        let token = real.join(".cache/huggingface/token");
+        client_file(&h, &token, "hf-secret-5d6c")?;
+        let out = sh(
+            &h,
+            &[],
+            "mv \"$HOME/.cache/huggingface\" \"$HOME/.cache/hf2\"",
+        )?;
+        assert_ne!(out.status.code(), Some(0), "{}", describe(&out));
+        let out = sh(
+            &h,
+            &[],
+            "cat \"$HOME/.cache/huggingface/token\" \"$HOME/.cache/hf2/token\"",
+        )?;
+        assert!(
+            !text(&out.stdout).contains("hf-secret"),
+            "{}",
+            describe(&out)
+        );
+        assert!(h.host_path(&token).exists(), "the token was moved");
         // The home, reached through its symlink, is read-only.
         let out = h
             .warden_client_in(&home, &["run", "--", "sh", "-c", "echo x > written"], &[])

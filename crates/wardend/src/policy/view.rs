@@ -147,7 +147,13 @@ pub fn resolve(i: &Inputs<'_>) -> Result<FsView, PolicyError> {
         .into_iter()
         .chain(writable.iter().map(PathBuf::as_path))
         .collect();
-    let guard = scan_protected(&roots, &protected_names, i.account)?;
+    let mut guard = scan_protected(&roots, &protected_names, i.account)?;
+    // A hidden or protected path inside a writable tree cannot itself be renamed (it is a
+    // mount point in the unit), but a directory above it could be, taking it somewhere no
+    // later unit would look: pin those too.
+    let mut above = ancestors_inside(&roots, hidden.iter().chain(&guard.protected));
+    guard.pinned.append(&mut above);
+    dedup(&mut guard.pinned);
 
     let mut sockets = Vec::new();
     match sockets::bound() {
@@ -297,6 +303,24 @@ fn run_files() -> Vec<PathBuf> {
         .filter(|p| p.starts_with("/run") && p.is_file())
         .into_iter()
         .collect()
+}
+
+/// The directories strictly between a writable root and each of `paths` inside it.
+fn ancestors_inside<'p>(roots: &[&Path], paths: impl Iterator<Item = &'p PathBuf>) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for p in paths {
+        let Some(root) = roots.iter().find(|r| p.starts_with(r) && p != *r) else {
+            continue;
+        };
+        out.extend(
+            p.ancestors()
+                .skip(1)
+                .take_while(|a| a != root)
+                .filter(|a| std::fs::symlink_metadata(a).is_ok_and(|m| m.is_dir()))
+                .map(Path::to_path_buf),
+        );
+    }
+    out
 }
 
 /// The protected path `path` is at or inside, judged by its components alone (the path is
@@ -512,6 +536,27 @@ mod tests {
         assert_eq!(at("/r/.git"), None);
         assert_eq!(at("/r/src"), None);
         assert_eq!(at("/"), None);
+    }
+
+    #[test]
+    fn directories_above_hidden_paths_in_writable_trees_are_pinned() -> std::io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let root = dir.path().canonicalize()?;
+        std::fs::create_dir_all(root.join("cache/hf/deep"))?;
+        let hidden = [
+            root.join("cache/hf/deep/token"),
+            PathBuf::from("/elsewhere/x"),
+        ];
+        let pinned = ancestors_inside(&[&root], hidden.iter());
+        assert_eq!(
+            pinned,
+            [
+                root.join("cache/hf/deep"),
+                root.join("cache/hf"),
+                root.join("cache")
+            ]
+        );
+        Ok(())
     }
 
     #[test]

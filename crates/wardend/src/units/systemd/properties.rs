@@ -58,10 +58,14 @@ pub(super) fn transient_properties<'a>(
     let command = spec.argv.first().map_or("", String::as_str);
     let exec_start = match shim {
         // The shim looks the command up in PATH inside the unit, as the client.
-        Some(shim) => (
-            utf8("exec shim", &shim.path)?.to_string(),
-            shim.argv(&spec.path, &spec.argv),
-        ),
+        Some(shim) => {
+            let st = rustix::fs::fstat(spec.cwd.as_fd())
+                .map_err(|e| format!("reading the working directory: {e}"))?;
+            (
+                utf8("exec shim", &shim.path)?.to_string(),
+                shim.argv(&spec.path, (st.st_dev, st.st_ino), &spec.argv),
+            )
+        }
         // A bare manager (tests): systemd looks a name without a slash up itself.
         None => (command.to_string(), spec.argv.clone()),
     };
@@ -519,6 +523,13 @@ mod tests {
             Some(&shim),
             Some("w-lifeline-00.service"),
         )?;
+        // The shim checks it runs in the directory passed (here /).
+        let st = std::fs::metadata("/")?;
+        let root = format!(
+            "{}:{}",
+            std::os::unix::fs::MetadataExt::dev(&st),
+            std::os::unix::fs::MetadataExt::ino(&st)
+        );
         let argv = [
             "wardend",
             "exec-shim",
@@ -526,6 +537,8 @@ mod tests {
             "signal,abstract-unix",
             "--path",
             "/usr/bin:/bin",
+            "--cwd",
+            root.as_str(),
             "--",
             "sh",
             "-c",
@@ -535,7 +548,7 @@ mod tests {
             find(&props, "ExecStartEx").cloned(),
             Some(Variant::from(vec![(
                 "/usr/sbin/wardend".to_string(),
-                argv.map(str::to_string).to_vec(),
+                argv.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
                 vec!["no-env-expand".to_string()],
             )]))
         );
