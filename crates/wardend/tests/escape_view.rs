@@ -344,6 +344,17 @@ mod checks {
                 );
             }
         }
+        // On native the dotfiles symlinks themselves are covered too: they do not even say
+        // where the credentials are (systemd's InaccessiblePaths follows a symlink, and
+        // covers its target only).
+        if kind == Kind::Native {
+            let out = sh(&h, &[], "readlink \"$HOME/.aws\" \"$HOME/.kube\"; true")?;
+            assert!(
+                !text(&out.stdout).contains("dotfiles"),
+                "{}",
+                describe(&out)
+            );
+        }
         // A hidden file inside a writable directory (the cache): its directory cannot be
         // renamed away to a name no later unit would hide.
         let token = real.join(".cache/huggingface/token");

@@ -103,11 +103,16 @@ pub fn resolve(i: &Inputs<'_>) -> Result<FsView, PolicyError> {
         .chain([format!("/run/user/{}", i.account.uid)]);
     let mut hidden = Vec::new();
     for name in hidden_names {
-        let Some(path) = canonical(&expand(&name)) else {
+        let lexical = expand(&name);
+        let Some(path) = canonical(&lexical) else {
             continue; // nothing there to hide
         };
         if path != Path::new("/") {
             with_aliases(&mounts, path, &mut hidden);
+        }
+        // A symlink (`~/.aws -> dotfiles/aws`) is covered itself too, not only its target.
+        if let Some(link) = canonical_link(&lexical) {
+            hidden.push(link);
         }
     }
     let socket_dir = canonical(i.socket_dir).unwrap_or_else(|| i.socket_dir.to_path_buf());
@@ -187,6 +192,15 @@ pub fn resolve(i: &Inputs<'_>) -> Result<FsView, PolicyError> {
 /// `path` with every symlink resolved, or `None` if it does not exist.
 fn canonical(path: &Path) -> Option<PathBuf> {
     std::fs::canonicalize(path).ok()
+}
+
+/// `path` with its directory canonical, if its last component is a symlink.
+fn canonical_link(path: &Path) -> Option<PathBuf> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    if !meta.file_type().is_symlink() {
+        return None;
+    }
+    Some(canonical(path.parent()?)?.join(path.file_name()?))
 }
 
 fn under_any(path: &Path, dirs: &[&str]) -> bool {
