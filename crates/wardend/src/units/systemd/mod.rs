@@ -187,6 +187,7 @@ impl UnitManager for SystemdManager {
     async fn start(&self, spec: UnitSpec) -> Result<SystemdUnit, UnitError> {
         let name = spec.name.clone();
         let unit = name.as_str();
+        let timeout = spec.limits.timeout;
         // PrivateTmp gives every unit its own /tmp and /var/tmp, and systemd 252 cannot bind a
         // directory from the host's into it (the mount point does not exist there): say so
         // rather than fail with status 200/CHDIR.
@@ -262,6 +263,7 @@ impl UnitManager for SystemdManager {
             conn: self.conn.clone(),
             retention: self.retention,
             released: false,
+            timeout,
         })
     }
 

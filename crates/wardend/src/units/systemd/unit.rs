@@ -33,6 +33,8 @@ pub struct SystemdUnit {
     pub(super) retention: Retention,
     /// Whether stop() finished: the reference is released and the unit gone.
     pub(super) released: bool,
+    /// The wall-time limit it was started with (RuntimeMaxUSec), if any.
+    pub(super) timeout: Option<Duration>,
 }
 
 impl SystemdUnit {
@@ -101,7 +103,7 @@ impl RunningUnit for SystemdUnit {
             .get_all(SERVICE_IFACE)
             .await
             .map_err(|e| self.control("wait", e))?;
-        Ok(exit_report(&service))
+        Ok(exit_report(&service, self.timeout))
     }
 
     async fn signal(&self, signal: i32) -> Result<(), UnitError> {
@@ -295,9 +297,21 @@ pub(super) fn setup_failure(service: &HashMap<String, OwnedVariant>) -> Option<S
     }
 }
 
-/// The exit report from the `org.freedesktop.systemd1.Service` properties of an ended unit.
-/// The wall time comes from the main process's start and exit timestamps.
-pub(super) fn exit_report(service: &HashMap<String, OwnedVariant>) -> ExitReport {
+/// How early before its wall-time limit a unit may end and still have been ended by it
+/// (systemd counts from the unit's activation, the timestamps from the main process's).
+const TIMEOUT_SLACK_USEC: u64 = 200_000;
+
+/// The exit report from the `org.freedesktop.systemd1.Service` properties of an ended unit
+/// started with wall-time limit `timeout`. The wall time comes from the main process's start
+/// and exit timestamps.
+///
+/// systemd's `Result=timeout` also means that killing what was left of the unit after its
+/// main process ended took longer than the stop grace period (a child that ignores
+/// SIGTERM): that is not the command's time limit, and the command's own exit is reported.
+pub(super) fn exit_report(
+    service: &HashMap<String, OwnedVariant>,
+    timeout: Option<Duration>,
+) -> ExitReport {
     let int = |key: &str| service.get(key).and_then(|v| i32::try_from(v).ok());
     let uint = |key: &str| service.get(key).and_then(|v| u64::try_from(v).ok());
     let result = service
@@ -310,12 +324,6 @@ pub(super) fn exit_report(service: &HashMap<String, OwnedVariant>) -> ExitReport
         (Some(CLD_KILLED | CLD_DUMPED), status) => (None, status),
         _ => (None, None),
     };
-    let reason = match result {
-        "timeout" => ExitReason::Timeout,
-        "oom-kill" => ExitReason::Oom,
-        _ if signal.is_some() => ExitReason::Signal,
-        _ => ExitReason::Exited,
-    };
     // systemd reports "not known" as u64::MAX.
     let known = |v: Option<u64>| v.filter(|&v| v != u64::MAX);
     let wall_usec = match (
@@ -324,6 +332,16 @@ pub(super) fn exit_report(service: &HashMap<String, OwnedVariant>) -> ExitReport
     ) {
         (Some(start), Some(exit)) => exit.saturating_sub(start),
         _ => 0,
+    };
+    let limit_reached = timeout.is_some_and(|t| {
+        let limit = u64::try_from(t.as_micros()).unwrap_or(u64::MAX);
+        wall_usec.saturating_add(TIMEOUT_SLACK_USEC) >= limit
+    });
+    let reason = match result {
+        "timeout" if limit_reached => ExitReason::Timeout,
+        "oom-kill" => ExitReason::Oom,
+        _ if signal.is_some() => ExitReason::Signal,
+        _ => ExitReason::Exited,
     };
     ExitReport {
         reason,
@@ -348,20 +366,23 @@ mod tests {
 
     #[test]
     fn exit_code_and_cpu_time() {
-        let r = exit_report(&props(&[
-            ("ExecMainCode", OwnedVariant::from(1i32)),
-            ("ExecMainStatus", OwnedVariant::from(7i32)),
-            ("Result", OwnedVariant::from(zbus::Str::from("exit-code"))),
-            ("CPUUsageNSec", OwnedVariant::from(2_500_000u64)),
-            (
-                "ExecMainStartTimestampMonotonic",
-                OwnedVariant::from(1_000u64),
-            ),
-            (
-                "ExecMainExitTimestampMonotonic",
-                OwnedVariant::from(4_000u64),
-            ),
-        ]));
+        let r = exit_report(
+            &props(&[
+                ("ExecMainCode", OwnedVariant::from(1i32)),
+                ("ExecMainStatus", OwnedVariant::from(7i32)),
+                ("Result", OwnedVariant::from(zbus::Str::from("exit-code"))),
+                ("CPUUsageNSec", OwnedVariant::from(2_500_000u64)),
+                (
+                    "ExecMainStartTimestampMonotonic",
+                    OwnedVariant::from(1_000u64),
+                ),
+                (
+                    "ExecMainExitTimestampMonotonic",
+                    OwnedVariant::from(4_000u64),
+                ),
+            ]),
+            None,
+        );
         assert_eq!(r.reason, ExitReason::Exited);
         assert_eq!((r.code, r.signal), (Some(7), None));
         assert_eq!(r.cpu_usec, Some(2_500));
@@ -393,26 +414,56 @@ mod tests {
 
     #[test]
     fn signal_timeout_and_oom() {
-        let killed = |result: &str| {
-            exit_report(&props(&[
-                ("ExecMainCode", OwnedVariant::from(2i32)),
-                ("ExecMainStatus", OwnedVariant::from(9i32)),
-                (
-                    "Result",
-                    OwnedVariant::from(zbus::Str::from(result.to_string())),
-                ),
-                ("CPUUsageNSec", OwnedVariant::from(u64::MAX)),
-                ("MemoryPeak", OwnedVariant::from(4096u64)),
-            ]))
+        let killed = |result: &str, limit: Option<u64>| {
+            exit_report(
+                &props(&[
+                    ("ExecMainCode", OwnedVariant::from(2i32)),
+                    ("ExecMainStatus", OwnedVariant::from(9i32)),
+                    (
+                        "Result",
+                        OwnedVariant::from(zbus::Str::from(result.to_string())),
+                    ),
+                    ("CPUUsageNSec", OwnedVariant::from(u64::MAX)),
+                    ("MemoryPeak", OwnedVariant::from(4096u64)),
+                    ("ExecMainStartTimestampMonotonic", OwnedVariant::from(0u64)),
+                    (
+                        "ExecMainExitTimestampMonotonic",
+                        OwnedVariant::from(1_000_000u64),
+                    ),
+                ]),
+                limit.map(Duration::from_millis),
+            )
         };
-        let r = killed("signal");
+        let r = killed("signal", None);
         assert_eq!(
             (r.reason, r.code, r.signal),
             (ExitReason::Signal, None, Some(9))
         );
         assert_eq!(r.cpu_usec, None);
         assert_eq!(r.peak_memory_bytes, Some(4096));
-        assert_eq!(killed("timeout").reason, ExitReason::Timeout);
-        assert_eq!(killed("oom-kill").reason, ExitReason::Oom);
+        assert_eq!(killed("timeout", Some(1000)).reason, ExitReason::Timeout);
+        assert_eq!(killed("oom-kill", None).reason, ExitReason::Oom);
+        // Result=timeout without a limit, or long before it: the stop of leftovers timed
+        // out, not the command.
+        assert_eq!(killed("timeout", None).reason, ExitReason::Signal);
+        assert_eq!(killed("timeout", Some(60_000)).reason, ExitReason::Signal);
+    }
+
+    #[test]
+    fn a_leftover_killed_after_the_command_exited_is_not_a_timeout() {
+        let r = exit_report(
+            &props(&[
+                ("ExecMainCode", OwnedVariant::from(1i32)),
+                ("ExecMainStatus", OwnedVariant::from(0i32)),
+                ("Result", OwnedVariant::from(zbus::Str::from("timeout"))),
+                ("ExecMainStartTimestampMonotonic", OwnedVariant::from(0u64)),
+                (
+                    "ExecMainExitTimestampMonotonic",
+                    OwnedVariant::from(5_000u64),
+                ),
+            ]),
+            None,
+        );
+        assert_eq!((r.reason, r.code), (ExitReason::Exited, Some(0)));
     }
 }
