@@ -5,6 +5,7 @@
 //! [`Backend`] is the enum of implementations, chosen once at start-up by [`Backend::open`].
 //! Each backend lives in its own module (`systemd`, `native`).
 
+pub mod init;
 pub mod name;
 pub mod native;
 pub mod systemd;

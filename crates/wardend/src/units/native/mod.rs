@@ -15,7 +15,7 @@ pub mod cgroup;
 mod child;
 mod clone;
 pub mod mounts;
-mod report;
+pub(crate) mod report;
 pub mod seccomp;
 
 use std::ffi::{c_char, CString};
@@ -36,7 +36,8 @@ use self::mounts::{CompiledOp, HostProbe, MountOp, ViewSpec};
 use self::report::{CommandStatus, StartFailure, Step};
 use self::seccomp::Filter;
 use super::{
-    errno_text, exec_candidates, name, RunningUnit, UnitError, UnitManager, UnitName, UnitSpec,
+    errno_text, exec_candidates, init, name, RunningUnit, UnitError, UnitManager, UnitName,
+    UnitSpec,
 };
 
 /// The empty host directory every unit's new root is built on (each unit mounts on it in its
@@ -352,7 +353,7 @@ fn spawn(
     }
     // Signals blocked across the clone: the child must not run an inherited handler, nor lose
     // a signal sent before its init is ready to forward it.
-    let old_mask = child::set_signal_mask(&child::full_sigset());
+    let old_mask = init::set_signal_mask(&init::full_sigset());
     // SAFETY: in the child only `child::run` runs: raw syscalls on `args`, prepared above,
     // ending in execve or _exit.
     let forked = unsafe { clone::clone3(namespaces, v2.as_ref().map(AsFd::as_fd)) };
@@ -361,11 +362,11 @@ fn spawn(
         // with sigwaitinfo), the command unblocks all right before exec.
         Ok(Forked::Child) => child::run(&args),
         Ok(Forked::Parent { pid, pidfd }) => {
-            child::set_signal_mask(&old_mask);
+            init::set_signal_mask(&old_mask);
             (pid, pidfd)
         }
         Err(source) => {
-            child::set_signal_mask(&old_mask);
+            init::set_signal_mask(&old_mask);
             return Err(UnitError::Io {
                 step: "clone3",
                 path: unit,

@@ -19,6 +19,7 @@ use zbus::Connection;
 
 use properties::Retention;
 
+use crate::shim::spec::{Spec, SpecFile};
 use crate::shim::ExecShim;
 
 use super::{name, UnitError, UnitManager, UnitSpec};
@@ -177,6 +178,24 @@ impl SystemdManager {
     }
 }
 
+/// What the exec shim needs to run `spec`'s command.
+fn shim_spec(spec: &UnitSpec, shim: &ExecShim) -> Result<Spec, String> {
+    let st = rustix::fs::fstat(std::os::fd::AsFd::as_fd(&spec.cwd))
+        .map_err(|e| format!("reading the working directory: {e}"))?;
+    Ok(Spec {
+        argv: spec.argv.clone(),
+        env: spec.env.clone(),
+        path: spec.path.clone(),
+        cwd: spec.cwd_path.clone(),
+        cwd_id: (st.st_dev, st.st_ino),
+        uid: spec.uid,
+        gid: spec.gid,
+        groups: spec.groups.clone(),
+        network: spec.network,
+        scopes: shim.scopes,
+    })
+}
+
 impl UnitManager for SystemdManager {
     type Unit = SystemdUnit;
 
@@ -204,11 +223,27 @@ impl UnitManager for SystemdManager {
                 ),
             ));
         }
+        // The command for the shim, in a root-only file systemd loads as the unit's
+        // credential; removed when this function returns (the unit has its copy by then).
+        let spec_file = match &self.shim {
+            Some(shim) => Some(
+                SpecFile::write(
+                    unit,
+                    &shim_spec(&spec, shim).map_err(|e| Self::start_error(unit, e))?,
+                )
+                .map_err(|e| Self::start_error(unit, format!("writing its spec: {e}")))?,
+            ),
+            None => None,
+        };
+        let exec = match (&self.shim, &spec_file) {
+            (Some(shim), Some(file)) => properties::Exec::Shim(shim, file.path()),
+            _ => properties::Exec::Direct,
+        };
         let props = properties::transient_properties(
             &spec,
             &self.slice,
             self.retention,
-            self.shim.as_ref(),
+            exec,
             self.lifeline.as_ref().map(lifeline::Lifeline::unit),
         )
         .map_err(|e| Self::start_error(unit, e))?;

@@ -40,11 +40,39 @@ pub(super) enum Retention {
     RemainAfterExit,
 }
 
-/// A path that systemd can take (D-Bus strings are UTF-8).
+/// A path that systemd can take: UTF-8 (D-Bus strings are), and no control character —
+/// properties end up in the unit file on the next `daemon-reload`, where systemd 252 writes
+/// some values unescaped, so a newline would add a directive of the caller's choosing.
 fn utf8<'p>(what: &str, path: &'p Path) -> Result<&'p str, String> {
-    path.to_str()
-        .ok_or_else(|| format!("{what} {} is not UTF-8", path.display()))
+    let text = path
+        .to_str()
+        .ok_or_else(|| format!("refused: {what} {} is not UTF-8", path.display()))?;
+    if text.chars().any(char::is_control) {
+        return Err(format!(
+            "refused: {what} {text:?} contains a control character, which the systemd \
+             backend cannot hand to systemd safely"
+        ));
+    }
+    Ok(text)
 }
+
+/// How the unit's command starts.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Exec<'s> {
+    /// Through the exec shim, the command handed over in the spec file at the path given
+    /// (the daemon always does this).
+    Shim(&'s ExecShim, &'s Path),
+    /// The command itself as the client account (a bare manager, as the backend's own
+    /// tests build it).
+    Direct,
+}
+
+/// Capabilities the exec shim keeps (it starts as root): entering and mounting in its own
+/// namespaces, dropping to the client's ids, signalling its init.
+const SHIM_CAPABILITIES: u64 = (1 << 21) // CAP_SYS_ADMIN
+    | (1 << 7) // CAP_SETUID
+    | (1 << 6) // CAP_SETGID
+    | (1 << 5); // CAP_KILL
 
 /// Map `spec` to the properties of its transient service in `slice`. The stdio descriptors
 /// are borrowed from `spec`; they must stay open until the call returns.
@@ -52,23 +80,9 @@ pub(super) fn transient_properties<'a>(
     spec: &'a UnitSpec,
     slice: &str,
     retention: Retention,
-    shim: Option<&ExecShim>,
+    exec: Exec<'_>,
     lifeline: Option<&str>,
 ) -> Result<Vec<Property<'a>>, String> {
-    let command = spec.argv.first().map_or("", String::as_str);
-    let exec_start = match shim {
-        // The shim looks the command up in PATH inside the unit, as the client.
-        Some(shim) => {
-            let st = rustix::fs::fstat(spec.cwd.as_fd())
-                .map_err(|e| format!("reading the working directory: {e}"))?;
-            (
-                utf8("exec shim", &shim.path)?.to_string(),
-                shim.argv(&spec.path, (st.st_dev, st.st_ino), &spec.argv),
-            )
-        }
-        // A bare manager (tests): systemd looks a name without a slash up itself.
-        None => (command.to_string(), spec.argv.clone()),
-    };
     let cwd = utf8("working directory", &spec.cwd_path)?;
     let fs = &spec.fs;
 
@@ -80,38 +94,9 @@ pub(super) fn transient_properties<'a>(
         ("Slice", Variant::from(slice.to_string())),
         // Type=exec: the start job fails when the command cannot be executed.
         ("Type", Variant::from("exec")),
-        // ExecStartEx with `no-env-expand`: systemd would otherwise expand `$VAR` (and turn
-        // `$$` into `$`) in the arguments; the command must get its argv verbatim. Through
-        // the exec shim (`wardend exec-shim --scope ... -- EXE ARGV...`), which enters a
-        // Landlock domain first: no ptrace, /proc/PID access or signals outside the unit.
-        (
-            "ExecStartEx",
-            Variant::from(vec![(
-                exec_start.0,
-                exec_start.1,
-                vec!["no-env-expand".to_string()],
-            )]),
-        ),
         // SIGPIPE at its default in the command, as in a shell (systemd ignores it by
         // default; the shim resets it too).
         ("IgnoreSIGPIPE", Variant::from(false)),
-        // systemd 252 takes a path only; the server re-checked its device and inode.
-        ("WorkingDirectory", Variant::from(cwd.to_string())),
-        ("User", Variant::from(spec.user.clone())),
-        ("Group", Variant::from(spec.gid.to_string())),
-        (
-            "SupplementaryGroups",
-            Variant::from(spec.groups.iter().map(u32::to_string).collect::<Vec<_>>()),
-        ),
-        (
-            "Environment",
-            Variant::from(
-                spec.env
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect::<Vec<_>>(),
-            ),
-        ),
         ("KillMode", Variant::from("control-group")),
         // SIGTERM, then SIGKILL for whatever is left after this grace period. systemd's
         // default is 90 s, so a command that ignores SIGTERM outlived its wall-time limit
@@ -173,6 +158,8 @@ pub(super) fn transient_properties<'a>(
             )?),
         ),
     ];
+    props.extend(exec_properties(spec, exec, cwd)?);
+    props.extend(hardening_properties());
     if let Some(l) = lifeline {
         // Stopped by systemd when the lifeline (and so wardend) is gone.
         props.push(("BindsTo", Variant::from(vec![l.to_string()])));
@@ -183,6 +170,96 @@ pub(super) fn transient_properties<'a>(
     props.extend(limit_properties(spec));
     props.extend(network_properties(spec.network));
     Ok(props)
+}
+
+/// How the command starts. Through the shim, nothing of the request is in a property but
+/// paths: not the argv, not the environment (world-readable over the bus, and the
+/// environment systemd starts the shim with, where a loader variable would run code before
+/// any restriction) — they travel in the spec credential.
+fn exec_properties<'a>(
+    spec: &UnitSpec,
+    exec: Exec<'_>,
+    cwd: &str,
+) -> Result<Vec<Property<'a>>, String> {
+    match exec {
+        Exec::Shim(shim, spec_file) => Ok(vec![
+            (
+                "ExecStart",
+                Variant::from(vec![(
+                    utf8("exec shim", &shim.path)?.to_string(),
+                    shim.argv(),
+                    false,
+                )]),
+            ),
+            (
+                "LoadCredential",
+                Variant::from(vec![(
+                    crate::shim::spec::CREDENTIAL.to_string(),
+                    utf8("spec file", spec_file)?.to_string(),
+                )]),
+            ),
+            // Root, but only what the shim needs; it drops to the client itself.
+            ("CapabilityBoundingSet", Variant::from(SHIM_CAPABILITIES)),
+            // The shim's own pid and mount namespaces; nothing else (its seccomp filter
+            // then refuses every namespace to the command).
+            (
+                "RestrictNamespaces",
+                Variant::from((libc::CLONE_NEWNS | libc::CLONE_NEWPID) as u64),
+            ),
+        ]),
+        // ExecStartEx with `no-env-expand`: systemd would otherwise expand `$VAR` (and turn
+        // `$$` into `$`) in the arguments; the command must get its argv verbatim.
+        Exec::Direct => Ok(vec![
+            (
+                "ExecStartEx",
+                Variant::from(vec![(
+                    spec.argv.first().cloned().unwrap_or_default(),
+                    spec.argv.clone(),
+                    vec!["no-env-expand".to_string()],
+                )]),
+            ),
+            // systemd 252 takes a path only; the server re-checked its device and inode.
+            ("WorkingDirectory", Variant::from(cwd.to_string())),
+            ("User", Variant::from(spec.user.clone())),
+            ("Group", Variant::from(spec.gid.to_string())),
+            (
+                "SupplementaryGroups",
+                Variant::from(spec.groups.iter().map(u32::to_string).collect::<Vec<_>>()),
+            ),
+            (
+                "Environment",
+                Variant::from(
+                    spec.env
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect::<Vec<_>>(),
+                ),
+            ),
+            ("RestrictNamespaces", Variant::from(0u64)),
+        ]),
+    }
+}
+
+/// systemd's own hardening, the native baseline where systemd has one: a private /dev
+/// (with a pty instance), the kernel's tunables, modules, logs, clock and cgroups out of
+/// reach, the hostname its own, no personality changes, no realtime, no setuid/setgid
+/// files. (Not MemoryDenyWriteExecute: JITs need writable executable memory.)
+fn hardening_properties() -> Vec<Property<'static>> {
+    [
+        "PrivateDevices",
+        "ProtectKernelTunables",
+        "ProtectKernelModules",
+        "ProtectKernelLogs",
+        "ProtectControlGroups",
+        "ProtectClock",
+        "ProtectHostname",
+        "LockPersonality",
+        "RestrictRealtime",
+        "RestrictSUIDSGID",
+    ]
+    .into_iter()
+    .map(|name| (name, Variant::from(true)))
+    .collect()
 }
 
 /// Keep the ended unit loaded until it is released (see [`Retention`]).
@@ -364,7 +441,7 @@ mod tests {
     #[test]
     fn the_spec_becomes_sandboxing_properties() -> Result<(), Box<dyn std::error::Error>> {
         let spec = spec(Network::None, Limits::default(), None)?;
-        let props = transient_properties(&spec, "w.slice", Retention::AddRef, None, None)?;
+        let props = transient_properties(&spec, "w.slice", Retention::AddRef, Exec::Direct, None)?;
         let get = |n: &str| find(&props, n).cloned();
         assert_eq!(get("Slice"), Some(Variant::from("w.slice")));
         assert_eq!(get("User"), Some(Variant::from("alice")));
@@ -474,7 +551,13 @@ mod tests {
         };
         let (_read, write) = rustix::pipe::pipe()?;
         let spec = spec(Network::Loopback, limits, Some(write))?;
-        let props = transient_properties(&spec, "w.slice", Retention::RemainAfterExit, None, None)?;
+        let props = transient_properties(
+            &spec,
+            "w.slice",
+            Retention::RemainAfterExit,
+            Exec::Direct,
+            None,
+        )?;
         let get = |n: &str| find(&props, n).cloned();
         assert_eq!(get("MemoryMax"), Some(Variant::from(1u64 << 30)));
         assert_eq!(get("TasksMax"), Some(Variant::from(100u64)));
@@ -507,72 +590,138 @@ mod tests {
         assert_eq!(get("CollectMode"), Some(Variant::from("inactive")));
 
         let host = spec_host()?;
-        let props = transient_properties(&host, "w.slice", Retention::AddRef, None, None)?;
+        let props = transient_properties(&host, "w.slice", Retention::AddRef, Exec::Direct, None)?;
         assert!(find(&props, "PrivateNetwork").is_none());
         Ok(())
     }
 
     #[test]
-    fn commands_start_through_the_exec_shim() -> Result<(), Box<dyn std::error::Error>> {
-        let spec = spec(Network::None, Limits::default(), None)?;
+    fn through_the_exec_shim_no_property_carries_the_request_but_paths(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let mut spec = spec(Network::None, Limits::default(), None)?;
+        spec.argv = vec!["sh".into(), "-c".into(), "echo $SECRET_ARG".into()];
+        spec.env = vec![("LD_PRELOAD".into(), "/srv/work/evil.so".into())];
         let shim = ExecShim::new(PathBuf::from("/usr/sbin/wardend"), 6)?;
+        let spec_file = Path::new("/run/wardend/specs/w-0.service");
         let props = transient_properties(
             &spec,
             "w.slice",
             Retention::AddRef,
-            Some(&shim),
+            Exec::Shim(&shim, spec_file),
             Some("w-lifeline-00.service"),
         )?;
-        // The shim checks it runs in the directory passed (here /).
-        let st = std::fs::metadata("/")?;
-        let root = format!(
-            "{}:{}",
-            std::os::unix::fs::MetadataExt::dev(&st),
-            std::os::unix::fs::MetadataExt::ino(&st)
-        );
-        let argv = [
-            "wardend",
-            "exec-shim",
-            "--scope",
-            "signal,abstract-unix",
-            "--path",
-            "/usr/bin:/bin",
-            "--cwd",
-            root.as_str(),
-            "--",
-            "sh",
-            "-c",
-            "true",
-        ];
+        let get = |n: &str| find(&props, n).cloned();
         assert_eq!(
-            find(&props, "ExecStartEx").cloned(),
+            get("ExecStart"),
             Some(Variant::from(vec![(
                 "/usr/sbin/wardend".to_string(),
-                argv.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
-                vec!["no-env-expand".to_string()],
+                vec!["wardend".to_string(), "exec-shim".to_string()],
+                false,
             )]))
         );
         assert_eq!(
-            find(&props, "IgnoreSIGPIPE").cloned(),
-            Some(Variant::from(false))
+            get("LoadCredential"),
+            Some(Variant::from(vec![(
+                "warden-spec".to_string(),
+                "/run/wardend/specs/w-0.service".to_string()
+            )]))
         );
+        for absent in [
+            "ExecStartEx",
+            "Environment",
+            "User",
+            "Group",
+            "SupplementaryGroups",
+            "WorkingDirectory",
+        ] {
+            assert_eq!(get(absent), None, "{absent}");
+        }
+        // Nothing of argv or environment anywhere in the properties.
+        let all = format!("{props:?}");
+        assert!(
+            !all.contains("SECRET_ARG") && !all.contains("evil.so"),
+            "{all}"
+        );
+        assert_eq!(
+            get("CapabilityBoundingSet"),
+            Some(Variant::from(SHIM_CAPABILITIES))
+        );
+        assert_eq!(
+            get("RestrictNamespaces"),
+            Some(Variant::from(
+                (libc::CLONE_NEWNS | libc::CLONE_NEWPID) as u64
+            ))
+        );
+        for on in [
+            "PrivateDevices",
+            "ProtectKernelTunables",
+            "ProtectKernelModules",
+            "ProtectKernelLogs",
+            "ProtectControlGroups",
+            "ProtectClock",
+            "ProtectHostname",
+            "LockPersonality",
+            "RestrictRealtime",
+            "RestrictSUIDSGID",
+            "NoNewPrivileges",
+        ] {
+            assert_eq!(get(on), Some(Variant::from(true)), "{on}");
+        }
+        assert_eq!(get("IgnoreSIGPIPE"), Some(Variant::from(false)));
         for dep in ["BindsTo", "After"] {
             assert_eq!(
-                find(&props, dep).cloned(),
+                get(dep),
                 Some(Variant::from(vec!["w-lifeline-00.service".to_string()])),
                 "{dep}"
             );
         }
         // Without a shim (a bare manager), the command itself, looked up by systemd.
-        let props = transient_properties(&spec, "w.slice", Retention::AddRef, None, None)?;
+        let props = transient_properties(&spec, "w.slice", Retention::AddRef, Exec::Direct, None)?;
         assert_eq!(
             find(&props, "ExecStartEx").cloned(),
             Some(Variant::from(vec![(
                 "sh".to_string(),
-                vec!["sh".to_string(), "-c".to_string(), "true".to_string()],
+                vec![
+                    "sh".to_string(),
+                    "-c".to_string(),
+                    "echo $SECRET_ARG".to_string()
+                ],
                 vec!["no-env-expand".to_string()],
             )]))
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_path_with_a_control_character_is_refused() -> Result<(), Box<dyn std::error::Error>> {
+        let shim = ExecShim::new(PathBuf::from("/usr/sbin/wardend"), 6)?;
+        for bad in [
+            "/srv/a\n[Service]\nExecStopPost=+/bin/touch /ROOTPWN\nb",
+            "/srv/tab\there",
+            "/srv/esc\u{1b}",
+        ] {
+            let mut spec = spec(Network::None, Limits::default(), None)?;
+            spec.cwd_path = PathBuf::from(bad);
+            let err = transient_properties(
+                &spec,
+                "w.slice",
+                Retention::AddRef,
+                Exec::Shim(&shim, Path::new("/run/wardend/specs/x")),
+                None,
+            )
+            .map(|_| ());
+            assert!(
+                err.as_ref().is_err_and(|e| e.contains("control character")),
+                "{err:?}"
+            );
+            let mut spec2 = spec;
+            spec2.cwd_path = PathBuf::from("/srv/ok");
+            spec2.fs.protected = vec![PathBuf::from(bad)];
+            assert!(
+                transient_properties(&spec2, "w.slice", Retention::AddRef, Exec::Direct, None)
+                    .is_err()
+            );
+        }
         Ok(())
     }
 
