@@ -40,20 +40,39 @@ pub(super) enum Retention {
     RemainAfterExit,
 }
 
-/// A path that systemd can take: UTF-8 (D-Bus strings are), and no control character —
-/// properties end up in the unit file on the next `daemon-reload`, where systemd 252 writes
-/// some values unescaped, so a newline would add a directive of the caller's choosing.
+/// A path that systemd can take, and keep: UTF-8 (D-Bus strings are); no control
+/// character, double quote or backslash — properties end up in the unit file on the next
+/// `daemon-reload`, where systemd 252 writes them unescaped, so a newline would add a
+/// directive of the caller's choosing, and a quote or backslash would read back as another
+/// path. (`%` and spaces survive: systemd escapes those.)
 fn utf8<'p>(what: &str, path: &'p Path) -> Result<&'p str, String> {
+    checked(what, path, &['"', '\\'])
+}
+
+/// [`utf8`], for `BindPaths=`-style values (`SOURCE:DEST`): no colon either.
+fn bind_path<'p>(what: &str, path: &'p Path) -> Result<&'p str, String> {
+    checked(what, path, &['"', '\\', ':'])
+}
+
+fn checked<'p>(what: &str, path: &'p Path, forbidden: &[char]) -> Result<&'p str, String> {
     let text = path
         .to_str()
         .ok_or_else(|| format!("refused: {what} {} is not UTF-8", path.display()))?;
-    if text.chars().any(char::is_control) {
-        return Err(format!(
-            "refused: {what} {text:?} contains a control character, which the systemd \
-             backend cannot hand to systemd safely"
-        ));
+    let bad = text
+        .chars()
+        .find(|c| c.is_control() || forbidden.contains(c));
+    match bad {
+        Some(c) => Err(format!(
+            "refused: {what} {text:?} contains {}, which systemd cannot keep in a unit \
+             file: rename it, or use the native backend",
+            if c.is_control() {
+                "a control character".to_string()
+            } else {
+                format!("{c:?}")
+            }
+        )),
+        None => Ok(text),
     }
-    Ok(text)
 }
 
 /// How the unit's command starts.
@@ -242,8 +261,10 @@ fn exec_properties<'a>(
 
 /// systemd's own hardening, the native baseline where systemd has one: a private /dev
 /// (with a pty instance), the kernel's tunables, modules, logs, clock and cgroups out of
-/// reach, the hostname its own, no personality changes, no realtime, no setuid/setgid
-/// files. (Not MemoryDenyWriteExecute: JITs need writable executable memory.)
+/// reach, the hostname its own, no realtime, no setuid/setgid files. (Not
+/// MemoryDenyWriteExecute: JITs need writable executable memory. Not LockPersonality: it
+/// also refuses the query `personality(0xffffffff)` that tools make; the shim's seccomp
+/// filter refuses every other persona, as the native backend's does.)
 fn hardening_properties() -> Vec<Property<'static>> {
     [
         "PrivateDevices",
@@ -253,7 +274,6 @@ fn hardening_properties() -> Vec<Property<'static>> {
         "ProtectControlGroups",
         "ProtectClock",
         "ProtectHostname",
-        "LockPersonality",
         "RestrictRealtime",
         "RestrictSUIDSGID",
     ]
@@ -293,7 +313,7 @@ fn self_binds(paths: &[PathBuf]) -> Result<Vec<(String, String, bool, u64)>, Str
     paths
         .iter()
         .map(|p| {
-            let p = utf8("pinned path", p)?.to_string();
+            let p = bind_path("pinned path", p)?.to_string();
             Ok((p.clone(), p, true, libc::MS_REC))
         })
         .collect()
@@ -317,7 +337,7 @@ fn run_files(fs: &crate::units::FsView) -> Result<Vec<(String, String, bool, u64
     fs.run_files
         .iter()
         .map(|p| {
-            let p = utf8("run file", p)?.to_string();
+            let p = bind_path("run file", p)?.to_string();
             Ok((p.clone(), p, true, 0))
         })
         .collect()
@@ -660,7 +680,6 @@ mod tests {
             "ProtectControlGroups",
             "ProtectClock",
             "ProtectHostname",
-            "LockPersonality",
             "RestrictRealtime",
             "RestrictSUIDSGID",
             "NoNewPrivileges",
@@ -693,12 +712,29 @@ mod tests {
     }
 
     #[test]
+    fn a_pinned_path_with_a_colon_is_refused_but_percent_and_spaces_pass(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let mut spec = spec(Network::None, Limits::default(), None)?;
+        spec.cwd_path = PathBuf::from("/srv/w %h 'x'");
+        assert!(
+            transient_properties(&spec, "w.slice", Retention::AddRef, Exec::Direct, None).is_ok()
+        );
+        spec.fs.pinned = vec![PathBuf::from("/srv/w %h 'x'/a:b/.git")];
+        let err = transient_properties(&spec, "w.slice", Retention::AddRef, Exec::Direct, None)
+            .map(|_| ());
+        assert!(err.is_err_and(|e| e.contains("':'")));
+        Ok(())
+    }
+
+    #[test]
     fn a_path_with_a_control_character_is_refused() -> Result<(), Box<dyn std::error::Error>> {
         let shim = ExecShim::new(PathBuf::from("/usr/sbin/wardend"), 6)?;
         for bad in [
             "/srv/a\n[Service]\nExecStopPost=+/bin/touch /ROOTPWN\nb",
             "/srv/tab\there",
             "/srv/esc\u{1b}",
+            "/srv/\"quoted\"",
+            "/srv/back\\slash",
         ] {
             let mut spec = spec(Network::None, Limits::default(), None)?;
             spec.cwd_path = PathBuf::from(bad);
@@ -711,7 +747,8 @@ mod tests {
             )
             .map(|_| ());
             assert!(
-                err.as_ref().is_err_and(|e| e.contains("control character")),
+                err.as_ref()
+                    .is_err_and(|e| e.starts_with("refused: working directory")),
                 "{err:?}"
             );
             let mut spec2 = spec;
