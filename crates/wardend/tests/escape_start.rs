@@ -431,6 +431,6 @@ fn unit_files_survive_daemon_reload_with_hostile_strings() -> Result<()> {
     });
     assert!(gone.is_some(), "{unit} not stopped after reload");
     assert!(!h.host_path(&marker).exists(), "the injected command ran");
-    assert!(!Path::new(&h.host_path(&Path::new("/ROOTPWN"))).exists());
+    assert!(!h.host_path(Path::new("/ROOTPWN")).exists());
     Ok(())
 }
