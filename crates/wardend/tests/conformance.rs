@@ -611,31 +611,53 @@ mod checks {
     }
 }
 
-/// The exec shim runs nothing when its working directory is not the one the client passed
-/// (systemd set the unit up by path: a symlink swapped in meanwhile would be followed).
+/// The exec shim (run here by hand, as systemd would: root, the spec as a credential)
+/// runs the command in the directory passed, and nothing when its working directory is not
+/// that inode (systemd set the unit up by path: a symlink swapped in meanwhile would have
+/// been followed).
 #[test]
 fn exec_shim_refuses_a_working_directory_that_changed() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let shim = |cwd: &str| {
-        std::process::Command::new(bin("wardend"))
-            .args(["exec-shim", "--scope", "none", "--cwd", cwd, "--", "true"])
-            .current_dir(dir.path())
-            .output()
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !can_run("exec shim") {
+        return Ok(());
+    }
+    let creds = tempfile::tempdir()?;
+    let work = tempfile::tempdir()?;
+    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o777))?;
+    let st = std::fs::metadata(work.path())?;
+    let shim = |cwd_id: (u64, u64)| -> Result<std::process::Output> {
+        let spec = wardend::shim::spec::Spec {
+            argv: vec!["sh".into(), "-c".into(), "touch ran".into()],
+            env: vec![],
+            path: "/usr/bin:/bin".into(),
+            cwd: work.path().to_path_buf(),
+            cwd_id,
+            uid: 65534,
+            gid: 65534,
+            groups: vec![65534],
+            network: warden_proto::Network::None,
+            scopes: Default::default(),
+        };
+        std::fs::write(
+            creds.path().join(wardend::shim::spec::CREDENTIAL),
+            serde_json::to_vec(&spec)?,
+        )?;
+        Ok(std::process::Command::new(bin("wardend"))
+            .arg("exec-shim")
+            .env("CREDENTIALS_DIRECTORY", creds.path())
+            .output()?)
     };
-    let st = std::fs::metadata(dir.path())?;
-    let here = format!(
-        "{}:{}",
-        std::os::unix::fs::MetadataExt::dev(&st),
-        std::os::unix::fs::MetadataExt::ino(&st)
-    );
-    let ok = shim(&here)?;
+    let ok = shim((st.dev(), st.ino()))?;
     assert_eq!(ok.status.code(), Some(0), "{}", text(&ok.stderr));
-    let moved = shim("1:1")?;
+    assert!(work.path().join("ran").exists());
+    std::fs::remove_file(work.path().join("ran"))?;
+    let moved = shim((1, 1))?;
     assert_eq!(moved.status.code(), Some(125));
     assert_eq!(
         text(&moved.stderr),
-        "warden: the working directory changed while the unit was set up\n"
+        "warden: exec-shim: the working directory changed while the unit was set up\n"
     );
+    assert!(!work.path().join("ran").exists());
     Ok(())
 }
 
