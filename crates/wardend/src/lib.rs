@@ -2,6 +2,7 @@
 //! bounded, disposable units. Modules follow the path of a connection:
 //! [`listener`] → [`admission`] → [`handshake`] → [`session`] → [`policy`] → [`units`].
 //! [`server`] holds them together; [`config`] and [`account`] are read once at start-up.
+//! [`kernel`] names the lowest kernel wardend starts on.
 //! [`mountinfo`] is the host's mount table, read by policy and the native backend.
 //! [`shim`] is the exec shim every systemd unit starts through (`wardend exec-shim`).
 
@@ -9,6 +10,7 @@ pub mod account;
 pub mod admission;
 pub mod config;
 pub mod handshake;
+pub mod kernel;
 pub mod listener;
 pub mod mountinfo;
 pub mod policy;

@@ -66,6 +66,7 @@ async fn run(cli: Cli) -> Result<(), String> {
     if !rustix::process::geteuid().is_root() {
         return Err(ServerError::NotRoot.to_string());
     }
+    wardend::kernel::check()?;
     // C2: the client account, by name, before the backend is touched.
     let account = Account::lookup(&config.client_user).map_err(|e| e.to_string())?;
     let backend = Backend::open(config.backend, &config.unit_prefix)
