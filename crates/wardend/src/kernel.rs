@@ -18,8 +18,8 @@ pub fn check() -> Result<(), String> {
 }
 
 fn check_release(release: &str) -> Result<(), String> {
-    let version = parse(release)
-        .ok_or_else(|| format!("cannot read the kernel version from {release:?}"))?;
+    let version =
+        parse(release).ok_or_else(|| format!("cannot read the kernel version from {release:?}"))?;
     if version < LOWEST {
         return Err(format!(
             "this kernel is Linux {release}; wardend needs Linux {}.{} or later \

@@ -59,16 +59,30 @@ impl Listener {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(err("inspecting the path")(e)),
         }
-        let listener = UnixListener::bind(path).map_err(err("binding"))?;
-        let bound = Self {
+        // Bound under a name of its own, given its mode and owner, then moved into place:
+        // the socket never exists at `path` with any other mode or owner.
+        let staging = path.with_file_name(format!(
+            ".{}.{}",
+            path.file_name().unwrap_or_default().to_string_lossy(),
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&staging);
+        let listener = UnixListener::bind(&staging).map_err(err("binding"))?;
+        let placed = std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o600))
+            .map_err(err("setting the socket mode"))
+            .and_then(|()| {
+                std::os::unix::fs::chown(&staging, Some(uid), Some(gid))
+                    .map_err(err("giving the socket to the client account"))
+            })
+            .and_then(|()| std::fs::rename(&staging, path).map_err(err("moving it into place")));
+        if let Err(e) = placed {
+            let _ = std::fs::remove_file(&staging);
+            return Err(e);
+        }
+        Ok(Self {
             listener,
             path: path.to_path_buf(),
-        };
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-            .map_err(err("setting the socket mode"))?;
-        std::os::unix::fs::chown(path, Some(uid), Some(gid))
-            .map_err(err("giving the socket to the client account"))?;
-        Ok(bound)
+        })
     }
 
     /// The socket path.

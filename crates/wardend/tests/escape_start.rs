@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use support::attack::*;
-use support::harness::{can_run, Harness, Kind, Options, Result};
+use support::harness::{can_run, scaled, Harness, Kind, Options, Result};
 
 per_backend!(
     loader_variables_run_nothing_outside_the_restrictions,
@@ -322,7 +322,7 @@ print("query", "ok" if r >= 0 else "failed")
         assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
         let err = text(&out.stderr);
         assert!(err.contains("\"reason\":\"exited\""), "{err}");
-        assert!(took < Duration::from_secs(5), "took {took:?}");
+        assert!(took < scaled(Duration::from_secs(5)), "took {took:?}");
         assert!(
             Harness::wait_for(Duration::from_secs(2), || h.unit_processes().is_empty()).is_some(),
             "processes left: {:?}",

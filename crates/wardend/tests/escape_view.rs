@@ -15,7 +15,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use support::attack::*;
-use support::harness::{is_live, native_unit_cgroups, Harness, Kind, Options, Result, FAKE_KEY};
+use support::harness::{
+    is_live, native_unit_cgroups, scaled, Harness, Kind, Options, Result, FAKE_KEY,
+};
 
 per_backend!(
     host_and_kernel_directories_as_cwd_expose_nothing,
@@ -418,6 +420,15 @@ mod checks {
         };
         let marker = h.workdir.join("PWNED");
         let m = marker.display().to_string();
+        // The project is a shared mount (as every mount is where systemd is PID 1): nothing
+        // a unit mounts inside its copy (pins, covers) may propagate back here.
+        let wd = h.workdir.display().to_string();
+        let _undo = Undo {
+            h: &h,
+            steps: vec![vec!["umount".into(), "-l".into(), wd.clone()]],
+        };
+        h.exec_root(&["mount", "--bind", &wd, &wd])?;
+        h.exec_root(&["mount", "--make-shared", &wd])?;
         let gitconfig = h.client.home.join(".gitconfig");
         client_file(
             &h,
@@ -489,6 +500,21 @@ mod checks {
             "export A=1\n"
         );
         assert!(!h.host_path(&h.workdir.join(".vscode/tasks.json")).exists());
+        let table = text(&h.exec_root(&["cat", "/proc/self/mountinfo"])?.stdout);
+        let here: Vec<&str> = table
+            .lines()
+            .filter(|l| {
+                l.split(' ')
+                    .nth(4)
+                    .is_some_and(|p| p.starts_with(wd.as_str()))
+            })
+            .collect();
+        assert_eq!(
+            here.len(),
+            1,
+            "mounts leaked out of units:\n{}",
+            here.join("\n")
+        );
         Ok(())
     }
 
@@ -705,7 +731,7 @@ mod checks {
             &["--memory-max", "64M"],
             "dd if=/dev/zero of=/dev/shm/fill bs=1M count=128 2>/dev/null; stat -c %s /dev/shm/fill",
         )?;
-        if kind == Kind::Native || out.status.code() == Some(0) {
+        if h.enforces_limits() || out.status.code() == Some(0) {
             let written: u64 = text(&out.stdout).trim().parse().unwrap_or(0);
             assert!(
                 written <= 64 << 20,
@@ -725,10 +751,7 @@ mod checks {
         // Every child spins forking (CPU and task pressure at once). On systemd the test
         // container does not enforce TasksMax (its pids controller is not delegated), so
         // the bomb bounds itself there.
-        let cap = match kind {
-            Kind::Native => "1000000",
-            Kind::Systemd => "48",
-        };
+        let cap = if h.enforces_limits() { "1000000" } else { "48" };
         let bomb = r#"
 import os, sys, time
 cap, made = int(sys.argv[1]), 0
@@ -761,10 +784,10 @@ while True:
         let median = times[times.len() / 2];
         eprintln!("{kind:?}: warden run -- true beside a fork bomb: {times:?}");
         let bound = match kind {
-            Kind::Native => Duration::from_millis(100),
-            // A transient unit of the container's systemd costs tens of milliseconds even
-            // when idle; the bound there is that the bomb does not multiply it.
-            Kind::Systemd => Duration::from_millis(400),
+            Kind::Native => scaled(Duration::from_millis(100)),
+            // A transient systemd unit costs tens of milliseconds even when idle (more under
+            // the VM's emulation); the bound there is that the bomb does not multiply it.
+            Kind::Systemd => scaled(Duration::from_millis(400)),
         };
         assert!(
             median < bound,
@@ -804,7 +827,7 @@ while True:
         });
         let left: Vec<u32> = procs.iter().copied().filter(|p| is_live(*p)).collect();
         assert!(
-            gone.is_some_and(|d| d < Duration::from_secs(1)),
+            gone.is_some_and(|d| d < scaled(Duration::from_secs(1))),
             "after {:?}, still alive: {left:?}",
             t0.elapsed()
         );

@@ -28,6 +28,32 @@ fn root_or_skip(test: &str) -> bool {
     false
 }
 
+/// The processes of a unit's cgroups once there are at least `n` (up to 10 s: the VM is
+/// slow).
+async fn procs_at_least(dirs: &[PathBuf], n: usize) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for _ in 0..2000 {
+        pids = dirs.iter().flat_map(|d| procs(d)).collect();
+        pids.sort();
+        pids.dedup();
+        if pids.len() >= n {
+            return pids;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("fewer than {n} processes: {pids:?}");
+}
+
+/// `d` stretched by `WARDEN_TEST_TIME_SCALE` (the Debian VM runs under emulation).
+fn scaled(d: Duration) -> Duration {
+    let scale = std::env::var("WARDEN_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|s| s.parse::<u32>().ok())
+        .filter(|s| *s > 0)
+        .unwrap_or(1);
+    d * scale
+}
+
 fn random_prefix() -> String {
     let mut b = [0u8; 4];
     rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).unwrap();
@@ -368,7 +394,7 @@ async fn wall_time_limit_kills_with_reason_timeout() {
     let report = unit.wait().await.unwrap();
     unit.stop().await.unwrap();
     assert_eq!(report.reason, ExitReason::Timeout, "{report:?}");
-    assert!(t.elapsed() < Duration::from_secs(3));
+    assert!(t.elapsed() < scaled(Duration::from_secs(3)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -395,13 +421,11 @@ async fn no_network_sees_only_loopback() {
 /// A TCP connection to 127.0.0.1 inside the unit, and whether `lo` has its IPv6 address
 /// (the kernel gives it ::1 when it comes up).
 const NET_PROBE: &str = r#"
-if [ -x /usr/bin/python3 ]; then
-  /usr/bin/python3 -c '
+/usr/bin/python3 -c '
 import socket
 s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
 c = socket.create_connection(s.getsockname(), timeout=2); print("tcp-ok")' 2>/dev/null || echo tcp-failed
-else echo tcp-skipped; fi
-grep -q " lo$" /proc/net/if_inet6 2>/dev/null && echo lo-up || echo lo-down
+flags=$(cat /sys/class/net/lo/flags) && [ $((flags & 1)) = 1 ] && echo lo-up || echo lo-down
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -410,7 +434,6 @@ async fn loopback_is_up_and_none_has_no_network() {
         return;
     }
     let (m, _g, prefix) = manager();
-    let v6 = Path::new("/proc/net/if_inet6").exists();
     for (network, tcp, lo) in [
         (Network::Loopback, "tcp-ok", "lo-up"),
         (Network::None, "tcp-failed", "lo-down"),
@@ -420,11 +443,8 @@ async fn loopback_is_up_and_none_has_no_network() {
         s.network = network;
         let (report, o, e) = run(&m, s, out).await;
         assert_eq!(report.code, Some(0), "{network:?}: {e}");
-        assert!(
-            o.contains(tcp) || o.contains("tcp-skipped"),
-            "{network:?}: {o}"
-        );
-        assert!(!v6 || o.contains(lo), "{network:?}: {o}");
+        // The unit's own sysfs shows its own network namespace's lo.
+        assert_eq!(o, format!("{tcp}\n{lo}\n"), "{network:?}: {e}");
     }
 }
 
@@ -453,7 +473,10 @@ async fn stop_kills_the_whole_tree(m: &NativeManager, prefix: &str) {
     let t = Instant::now();
     unit.stop().await.unwrap();
     let took = t.elapsed();
-    assert!(took < Duration::from_millis(100), "stop took {took:?}");
+    assert!(
+        took < scaled(Duration::from_millis(100)),
+        "stop took {took:?}"
+    );
     for pid in &pids {
         assert!(!running(*pid), "pid {pid} survived stop");
     }
@@ -511,6 +534,12 @@ async fn stop_on_cgroup_v1_only_uses_the_freezer() {
         .filter(|h| matches!(h, Hierarchy::V1(..)))
         .collect();
     if v1.is_empty() {
+        // Never a silent pass: a host without v1 (the Debian VM) deselects this test by
+        // name, with the reason printed (scripts/vm); run anyway under CI, it fails.
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true and this host has no cgroup v1 hierarchy: deselect this test explicitly"
+        );
         eprintln!("SKIP: no cgroup v1 hierarchy (pure v2 host)");
         return;
     }
@@ -539,7 +568,7 @@ async fn tasks_and_memory_limits_are_enforced() {
     s.limits.tasks_max = Some(4);
     let t = Instant::now();
     let (report, o, e) = run(&m, s, out).await;
-    assert!(t.elapsed() < Duration::from_secs(5));
+    assert!(t.elapsed() < scaled(Duration::from_secs(5)));
     // init + sh + 2 sleeps: the third fork fails (dash gives up with status 2).
     assert!(
         !o.contains("all-forked") && e.contains("fork"),
@@ -620,9 +649,7 @@ async fn a_dropped_unit_is_still_killed_and_removed() {
     let (s, _out) = spec(&prefix, &["sh", "-c", "setsid sleep 1000 & sleep 1000"], &d);
     let unit = m.start(s).await.unwrap();
     let dirs = unit.cgroup_dirs();
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let pids: Vec<i32> = dirs.iter().flat_map(|d| procs(d)).collect();
-    assert!(pids.len() >= 3, "{pids:?}");
+    let pids = procs_at_least(&dirs, 3).await;
     drop(unit);
     let deadline = Instant::now() + Duration::from_secs(2);
     while (dirs.iter().any(|d| d.exists()) || pids.iter().any(|&p| running(p)))
@@ -643,9 +670,7 @@ async fn main_pid_of_a_unit_process_is_its_init() {
     let d = dirs();
     let (s, _out) = spec(&prefix, &["sh", "-c", "sleep 1000 & sleep 1000"], &d);
     let mut unit = m.start(s).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let pids: Vec<i32> = unit.cgroup_dirs().iter().flat_map(|d| procs(d)).collect();
-    assert!(pids.len() >= 3, "{pids:?}");
+    let pids = procs_at_least(&unit.cgroup_dirs(), 3).await;
     for pid in pids {
         assert_eq!(
             m.main_pid_of(pid as u32).await,

@@ -12,6 +12,7 @@ usage: probe.py SOCKET STEP...
   huge                     send a header announcing a 1 GiB frame
   half                     send half a frame, then shut down the write side
   sleep SECONDS            wait
+  say TEXT                 print TEXT as a line at once ("connected" tells a test it is in)
   read                     read one frame and print it as a JSON line ('EOF' at end of stream)
   drain                    read frames until end of stream, printing each
 Exit status 0 unless the socket itself fails to connect (2).
@@ -96,6 +97,9 @@ def main():
                 s.shutdown(socket.SHUT_WR)
             elif step == "sleep":
                 time.sleep(float(steps[i]))
+                i += 1
+            elif step == "say":
+                print(steps[i], flush=True)
                 i += 1
             elif step == "read":
                 f = read_frame(s)

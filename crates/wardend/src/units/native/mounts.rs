@@ -464,7 +464,12 @@ pub fn clone_tree(dir: std::os::fd::BorrowedFd<'_>) -> std::io::Result<std::os::
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: open_tree returned a new fd that we own.
-    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as RawFd) })
+    let tree = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as RawFd) };
+    // A clone of a shared mount (every mount is, where systemd is PID 1) is a peer of it:
+    // every mount later made inside the unit's copy — the pins, the covers — would
+    // propagate back to the host's. Private, before it goes anywhere.
+    sys::set_private(tree.as_raw_fd()).map_err(std::io::Error::from_raw_os_error)?;
+    Ok(tree)
 }
 
 /// What the child carries from one operation to the next.
@@ -723,6 +728,29 @@ mod sys {
             )
         };
         fd(r)
+    }
+
+    /// Make the tree at `mnt` private, every submount too: nothing mounted in it
+    /// propagates anywhere else, nothing propagates in.
+    pub fn set_private(mnt: RawFd) -> Result<(), i32> {
+        let attr = MountAttr {
+            attr_set: 0,
+            attr_clr: 0,
+            propagation: libc::MS_PRIVATE,
+            userns_fd: 0,
+        };
+        // SAFETY: an empty C string and a mount_attr of the size passed, alive for the call.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                mnt,
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE,
+                &raw const attr,
+                std::mem::size_of::<MountAttr>(),
+            )
+        };
+        ok(r)
     }
 
     pub fn set_read_only(mnt: RawFd, recursive: bool) -> Result<(), i32> {

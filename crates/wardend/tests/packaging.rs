@@ -1,0 +1,194 @@
+//! `packaging/wardend.service` driven by a real systemd that is PID 1 (the Debian VM, see
+//! `scripts/vm`): started (ready only once orphans are gone and the socket listens), a
+//! client served over the default socket and the system bus, logs in the journal, a stop
+//! that ends every unit, a restart with units running that leaves none, and a crash
+//! (`kill -9`) that `Restart=on-failure` comes back from with nothing left.
+//!
+//! Ignored where PID 1 is not systemd (this machine): the reason is printed by the test
+//! runner; the VM runs it with `--include-ignored`. It installs into the host's
+//! `/usr/local/bin`, `/etc/warden` and `/etc/systemd/system`: only ever run it on a
+//! throwaway host.
+
+#[macro_use]
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use support::harness::{bin, descendants, kill, Harness, Result};
+
+fn sh(script: &str) -> Result<Output> {
+    Ok(Command::new("sh")
+        .args(["-c", script])
+        .stdin(Stdio::null())
+        .output()?)
+}
+
+/// Run `script` as root; fail with its output if it fails.
+fn root(script: &str) -> Result<String> {
+    let out = sh(script)?;
+    if !out.status.success() {
+        return Err(format!(
+            "{script}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Our units (the default prefix `warden`), running or not yet collected.
+fn units() -> Result<Vec<String>> {
+    let out = root("systemctl list-units --all --plain --no-legend 'warden-*.service'")?;
+    Ok(out
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|u| wardend::units::name::is_unit_of("warden", u))
+        .map(str::to_string)
+        .collect())
+}
+
+fn main_pid() -> Result<u32> {
+    Ok(root("systemctl show -p MainPID --value wardend.service")?
+        .trim()
+        .parse()?)
+}
+
+/// `warden run ARGS` as nobody on the default socket, in the background.
+fn client(args: &str) -> Result<std::process::Child> {
+    Ok(Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "env",
+            "-C",
+            "/srv/warden-packaging",
+            "-i",
+            "PATH=/usr/local/bin:/usr/bin:/bin",
+            "sh",
+            "-c",
+        ])
+        .arg(format!("exec warden run {args}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?)
+}
+
+/// A client running `sleep 1000`, and its unit once it exists.
+fn long_unit() -> Result<(std::process::Child, String)> {
+    let before = units()?;
+    let child = client("-- sleep 1000")?;
+    let mut unit = None;
+    Harness::wait_for(Duration::from_secs(20), || {
+        unit = units()
+            .ok()
+            .and_then(|u| u.into_iter().find(|n| !before.contains(n)));
+        unit.is_some()
+    });
+    Ok((child, unit.ok_or("no unit appeared")?))
+}
+
+fn end(mut child: std::process::Child) {
+    for pid in descendants(child.id()) {
+        let _ = kill(pid, libc::SIGKILL);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Removes what the test installed, whatever happened.
+struct Installed;
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        let _ = sh(
+            "systemctl stop wardend.service; systemctl reset-failed wardend.service; \
+             rm -f /etc/systemd/system/wardend.service /usr/local/bin/wardend \
+             /usr/local/bin/warden; rm -rf /etc/warden /srv/warden-packaging; \
+             systemctl daemon-reload",
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs systemd as PID 1 and a throwaway host: runs in the Debian VM (scripts/vm)"]
+fn the_service_starts_serves_stops_restarts_and_recovers() -> Result<()> {
+    assert!(
+        Path::new("/run/systemd/system").is_dir(),
+        "PID 1 is not systemd here"
+    );
+    let _installed = Installed;
+    let service = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/wardend.service");
+    root(&format!(
+        "install -m 755 {} {} /usr/local/bin/ && install -m 644 {} /etc/systemd/system/ && \
+         mkdir -p /etc/warden /srv/warden-packaging && chown nobody /srv/warden-packaging && \
+         echo 'client_user = \"nobody\"' > /etc/warden/warden.toml && systemctl daemon-reload",
+        bin("wardend").display(),
+        bin("warden").display(),
+        service.display()
+    ))?;
+    // An orphan of a previous daemon (the default prefix): gone before the service is
+    // ready (Type=notify: `systemctl start` returns once wardend said READY=1).
+    root("systemd-run --quiet --unit=warden-00000000000000aa.service sleep 1000")?;
+    assert_eq!(units()?, ["warden-00000000000000aa.service"]);
+    root("systemctl start wardend.service")?;
+    assert_eq!(
+        root("systemctl is-active wardend.service")?.trim(),
+        "active"
+    );
+    assert!(
+        Path::new("/run/warden/warden.sock").exists(),
+        "ready before listening"
+    );
+    assert!(units()?.is_empty(), "ready before the orphan was removed");
+    // A client is served, over the system bus.
+    let out = client("-- sh -c 'echo served; id -u'")?.wait_with_output()?;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "served\n65534\n");
+    let journal = root("journalctl -u wardend.service --no-pager -o cat")?;
+    for line in [
+        "wardend listening",
+        "removed orphaned units",
+        "unit started",
+        "unit ended",
+    ] {
+        assert!(
+            journal.contains(line),
+            "no {line:?} in the journal:\n{journal}"
+        );
+    }
+    // Stop ends every unit.
+    let (c, _unit) = long_unit()?;
+    root("systemctl stop wardend.service")?;
+    assert!(units()?.is_empty(), "{:?} left after stop", units()?);
+    end(c);
+    // A restart with units running leaves none of the old ones.
+    root("systemctl start wardend.service")?;
+    let (c, old) = long_unit()?;
+    root("systemctl restart wardend.service")?;
+    assert!(!units()?.contains(&old), "{old} survived a restart");
+    end(c);
+    // A crash: systemd restarts it (Restart=on-failure), and nothing of before is left.
+    let (c, old) = long_unit()?;
+    let pid = main_pid()?;
+    kill(pid, libc::SIGKILL)?;
+    let back = Harness::wait_for(Duration::from_secs(30), || {
+        main_pid().is_ok_and(|p| p != 0 && p != pid)
+            && root("systemctl is-active wardend.service").is_ok_and(|s| s.trim() == "active")
+    });
+    assert!(back.is_some(), "wardend did not come back after kill -9");
+    assert!(
+        Harness::wait_for(Duration::from_secs(10), || units()
+            .is_ok_and(|u| !u.contains(&old)))
+        .is_some(),
+        "{old} survived the crash"
+    );
+    end(c);
+    // And the new one serves.
+    let out = client("-- true")?.wait_with_output()?;
+    assert_eq!(out.status.code(), Some(0));
+    Ok(())
+}
