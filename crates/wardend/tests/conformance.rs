@@ -650,6 +650,7 @@ fn exec_shim_refuses_a_working_directory_that_changed() -> Result<()> {
             gid: 65534,
             groups: vec![65534],
             network: warden_proto::Network::None,
+            landlock: true,
             scopes: Default::default(),
         };
         std::fs::write(

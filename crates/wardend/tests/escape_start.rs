@@ -419,6 +419,14 @@ fn unit_files_survive_daemon_reload_with_hostile_strings() -> Result<()> {
         !cat.contains("VALUE"),
         "the environment is in the unit file:\n{cat}"
     );
+    // The lifeline came through the reload too: a new unit (bound to it) still starts.
+    let out = h.warden_client(&["run", "--", "true"], &[]).output()?;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "after reload: {}",
+        describe(&out)
+    );
     // It ran where it was asked to, with the value verbatim.
     assert!(Harness::wait_for(Duration::from_secs(5), || h
         .host_path(&odd_dir.join("seen"))

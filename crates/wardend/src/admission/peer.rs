@@ -67,18 +67,23 @@ impl Peer {
     /// Read the peer of `socket`: credentials, pidfd, /proc data — then check the pidfd still
     /// names a live process, so the /proc data read by PID was the peer's own.
     pub fn of(socket: &impl AsFd) -> io::Result<Self> {
-        Self::read(socket, PidfdSource::Kernel)
+        // The peer connected before this instant (the connection was just accepted).
+        Self::read(socket, PidfdSource::Kernel, boot_ticks()?)
     }
 
     /// [`Peer::of`], pinning the peer with `pidfd_open` as on a kernel without
     /// SO_PEERPIDFD (tests use it to drive that path on any kernel).
     pub fn of_without_peerpidfd(socket: &impl AsFd) -> io::Result<Self> {
-        Self::read(socket, PidfdSource::Open)
+        Self::of_without_peerpidfd_since(socket, boot_ticks()?)
     }
 
-    fn read(socket: &impl AsFd, source: PidfdSource) -> io::Result<Self> {
-        // The peer connected before this instant: a process started later is not it.
-        let taken_up = boot_ticks()?;
+    /// [`Peer::of_without_peerpidfd`] for a connection taken up at `taken_up` (clock ticks
+    /// since boot): a process started later is not the peer.
+    pub fn of_without_peerpidfd_since(socket: &impl AsFd, taken_up: u64) -> io::Result<Self> {
+        Self::read(socket, PidfdSource::Open, taken_up)
+    }
+
+    fn read(socket: &impl AsFd, source: PidfdSource, taken_up: u64) -> io::Result<Self> {
         let cred = rustix::net::sockopt::socket_peercred(socket).map_err(io::Error::from)?;
         let pid = u32::try_from(cred.pid.as_raw_nonzero().get())
             .map_err(|_| io::Error::other("peer pid out of range"))?;

@@ -181,8 +181,11 @@ fn enter(spec: &Spec, p: &Prepared) -> Result<(), String> {
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     // The working directory, as the client, by path — and the very inode it passed.
     enter_cwd(spec, &p.cwd)?;
-    // Signals, ptrace, /proc/PID and abstract sockets confined to this domain.
-    landlock::restrict_self(spec.scopes).map_err(|e| format!("landlock: {e}"))?;
+    // Signals, ptrace, /proc/PID and abstract sockets confined to this domain (where the
+    // kernel has Landlock; the pid namespace already keeps every other process out).
+    if spec.landlock {
+        landlock::restrict_self(spec.scopes).map_err(|e| format!("landlock: {e}"))?;
+    }
     Ok(())
 }
 

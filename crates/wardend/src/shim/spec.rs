@@ -46,6 +46,8 @@ pub struct Spec {
     pub groups: Vec<u32>,
     /// The network the seccomp filter allows for.
     pub network: Network,
+    /// Whether to enter a Landlock domain at all (the kernel has Landlock).
+    pub landlock: bool,
     /// What the Landlock domain scopes.
     pub scopes: Scopes,
 }
@@ -124,6 +126,7 @@ mod tests {
             gid: 1000,
             groups: vec![1000, 27],
             network: Network::Loopback,
+            landlock: true,
             scopes: Scopes {
                 signal: true,
                 abstract_unix: false,

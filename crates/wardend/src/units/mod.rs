@@ -264,18 +264,18 @@ impl Backend {
         }
     }
 
-    /// The systemd backend, every unit started through this daemon's exec shim. Without
-    /// Landlock it is refused: a unit would share the client's PID namespace and uid with no
-    /// domain around it (see [`crate::shim`]).
+    /// The systemd backend, every unit started through this daemon's exec shim (see
+    /// [`crate::shim`]): its own pid namespace on every kernel; a Landlock domain where the
+    /// kernel has one.
     async fn open_systemd(prefix: &str) -> Result<systemd::SystemdManager, UnitError> {
         let shim = crate::shim::ExecShim::for_this_daemon().map_err(UnitError::Unsupported)?;
-        if shim.scopes.signal && shim.scopes.abstract_unix {
+        if shim.scopes.abstract_unix {
             tracing::info!("systemd units: {}", shim.describe());
         } else {
             tracing::warn!(
-                "systemd units: {}; signals and abstract Unix sockets are NOT confined \
-                 (Landlock ABI 6, Linux 6.12, is needed): a command can signal the client's \
-                 other processes",
+                "systemd units: {}; abstract Unix sockets of the host's network namespace \
+                 are reachable from units with the host's network (Landlock ABI 6, Linux \
+                 6.12, scopes them)",
                 shim.describe()
             );
         }

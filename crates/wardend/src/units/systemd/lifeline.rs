@@ -97,12 +97,15 @@ fn properties<'a>(prefix: &str, exe: &str, stdin: &'a OwnedFd) -> Vec<Property<'
             )),
         ),
         ("Type", Variant::from("exec")),
+        // ExecStart, not ExecStartEx: systemd 252 cannot load ExecStartEx back from the
+        // unit file, so after a daemon-reload the lifeline (and every unit bound to it, and
+        // every new one) would be a "bad setting".
         (
-            "ExecStartEx",
+            "ExecStart",
             Variant::from(vec![(
                 exe.to_string(),
                 vec!["wardend".to_string(), SUBCOMMAND.to_string()],
-                Vec::<String>::new(),
+                false,
             )]),
         ),
         (
@@ -156,12 +159,17 @@ mod tests {
             Some(Variant::Fd(_))
         ));
         assert_eq!(
-            get("ExecStartEx"),
+            get("ExecStart"),
             Some(Variant::from(vec![(
                 "/usr/sbin/wardend".to_string(),
                 vec!["wardend".to_string(), SUBCOMMAND.to_string()],
-                Vec::<String>::new()
+                false
             )]))
+        );
+        assert_eq!(
+            get("ExecStartEx"),
+            None,
+            "not loadable from a unit file by systemd 252"
         );
         Ok(())
     }

@@ -192,6 +192,7 @@ fn shim_spec(spec: &UnitSpec, shim: &ExecShim) -> Result<Spec, String> {
         gid: spec.gid,
         groups: spec.groups.clone(),
         network: spec.network,
+        landlock: shim.abi > 0,
         scopes: shim.scopes,
     })
 }

@@ -1,13 +1,15 @@
-//! `packaging/wardend.service` driven by a real systemd that is PID 1 (the Debian VM, see
-//! `scripts/vm`): started (ready only once orphans are gone and the socket listens), a
-//! client served over the default socket and the system bus, logs in the journal, a stop
-//! that ends every unit, a restart with units running that leaves none, and a crash
-//! (`kill -9`) that `Restart=on-failure` comes back from with nothing left.
+//! Tests that change the host they run on, for a throwaway host only (the Debian VM, see
+//! `scripts/vm`, which runs them with `--include-ignored`; elsewhere they are ignored, the
+//! reason printed by the test runner):
 //!
-//! Ignored where PID 1 is not systemd (this machine): the reason is printed by the test
-//! runner; the VM runs it with `--include-ignored`. It installs into the host's
-//! `/usr/local/bin`, `/etc/warden` and `/etc/systemd/system`: only ever run it on a
-//! throwaway host.
+//! - `packaging/wardend.service` driven by a real systemd that is PID 1 — started (ready only
+//!   once orphans are gone and the socket listens), a client served over the default socket
+//!   and the system bus, logs in the journal, a stop that ends every unit, a restart with
+//!   units running that leaves none, a crash (`kill -9`) that `Restart=on-failure` comes back
+//!   from with nothing left. It installs into `/usr/local/bin`, `/etc/warden` and
+//!   `/etc/systemd/system`.
+//! - a recycled PID: the kernel's `ns_last_pid` is written to hand a connected peer's PID to
+//!   another process, and the peer's identity must hold without SO_PEERPIDFD.
 
 #[macro_use]
 mod support;
@@ -190,5 +192,56 @@ fn the_service_starts_serves_stops_restarts_and_recovers() -> Result<()> {
     // And the new one serves.
     let out = client("-- true")?.wait_with_output()?;
     assert_eq!(out.status.code(), Some(0));
+    Ok(())
+}
+
+#[test]
+#[ignore = "writes the kernel's ns_last_pid to recycle a PID: a throwaway host only (the Debian VM)"]
+fn a_recycled_pid_is_not_taken_for_the_peer() -> Result<()> {
+    use wardend::admission::peer::{boot_ticks, Peer};
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("s");
+    let listener = std::os::unix::net::UnixListener::bind(&path)?;
+    // The peer connects and exits.
+    let mut peer = Command::new("python3")
+        .args([
+            "-c",
+            "import socket, sys; socket.socket(socket.AF_UNIX).connect(sys.argv[1])",
+        ])
+        .arg(&path)
+        .spawn()?;
+    let peer_pid = peer.id();
+    let (conn, _) = listener.accept()?;
+    let taken_up = boot_ticks()?;
+    peer.wait()?;
+    // A tick later, another process gets its PID.
+    std::thread::sleep(Duration::from_millis(50));
+    let mut recycled = None;
+    for _ in 0..100 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (peer_pid - 1).to_string())?;
+        let child = Command::new("sleep").arg("30").spawn()?;
+        if child.id() == peer_pid {
+            recycled = Some(child);
+            break;
+        }
+        end(child);
+    }
+    let recycled = recycled.ok_or("could not recycle the pid")?;
+    // Without its start time the pid would name the newcomer...
+    let fooled = Peer::of_without_peerpidfd_since(&conn, boot_ticks()?);
+    assert!(
+        fooled.is_ok_and(|p| p.pid == peer_pid),
+        "the recycle did not happen"
+    );
+    // ...with it, the newcomer is not taken for the peer.
+    let checked = Peer::of_without_peerpidfd_since(&conn, taken_up);
+    assert!(
+        checked
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("reused")),
+        "{:?}",
+        checked.map(|p| p.pid)
+    );
+    end(recycled);
     Ok(())
 }
