@@ -97,6 +97,8 @@ pub struct SystemdContainer {
     dir: PathBuf,
     /// The machine name.
     machine: String,
+    /// The cgroups of its own that nspawn was started in (see [`own_cgroups`]).
+    cgroups: Vec<PathBuf>,
 }
 
 impl SystemdContainer {
@@ -162,9 +164,17 @@ impl SystemdContainer {
                 return Err(BootError(format!("creating the console log: {e}")));
             }
         };
-        let nspawn = match spawn_nspawn(&root, &units, &machine, log, nspawn_args) {
+        let cgroups = match own_cgroups(&machine) {
+            Ok(c) => c,
+            Err(e) => {
+                remove_dirs(&dir);
+                return Err(BootError(format!("creating the container's cgroups: {e}")));
+            }
+        };
+        let nspawn = match spawn_nspawn(&root, &units, &machine, &cgroups, log, nspawn_args) {
             Ok(child) => child,
             Err(e) => {
+                remove_cgroups(&cgroups);
                 remove_dirs(&dir);
                 return Err(BootError(format!("starting unshare/systemd-nspawn: {e}")));
             }
@@ -175,6 +185,7 @@ impl SystemdContainer {
             leader: 0,
             dir,
             machine,
+            cgroups,
         };
         container.wait_for_boot()?;
         Ok(container)
@@ -307,11 +318,15 @@ fn spawn_nspawn(
     root: &Path,
     units: &Path,
     machine: &str,
+    cgroups: &[PathBuf],
     log: fs::File,
     extra: &[&str],
 ) -> io::Result<Child> {
-    // $1..$4 as named below; "$@" after `shift 4`: the extra nspawn arguments.
-    let script = r#"r=$1 m=$2 u=$3 t=$4; shift 4; mount --bind / "$r" && exec systemd-nspawn \
+    // $1..$4 as named below; "$@" after `shift 4`: the extra nspawn arguments. The shell
+    // first moves itself into the container's own cgroups ($WARDEN_CGROUPS).
+    let script = r#"r=$1 m=$2 u=$3 t=$4; shift 4
+        for g in $WARDEN_CGROUPS; do echo $$ > "$g/cgroup.procs" || exit 1; done
+        mount --bind / "$r" && exec systemd-nspawn \
         -D "$r" -M "$m" --volatile=overlay --register=no --keep-unit -q \
         --bind-ro="$u":/etc/systemd/system \
         --system-call-filter='landlock_create_ruleset landlock_add_rule landlock_restrict_self' \
@@ -332,6 +347,14 @@ fn spawn_nspawn(
     .arg(units)
     .arg(TARGET)
     .args(extra)
+    .env(
+        "WARDEN_CGROUPS",
+        cgroups
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
     .stdin(Stdio::null())
     .stdout(log.try_clone()?)
     .stderr(log);
@@ -346,6 +369,60 @@ fn spawn_nspawn(
         });
     }
     cmd.spawn()
+}
+
+/// A cgroup of the container's own, `<machine>`, in each hierarchy systemd uses (the
+/// unified one and the named `systemd` one of a hybrid host, or the one of a pure v2
+/// host). nspawn started without a unit (`--keep-unit`) puts the container's systemd in a
+/// `payload` child of its own cgroup: without these, every concurrent container shared one
+/// tree, and one systemd powering off removed the empty cgroup another had just made for a
+/// unit it was starting (the unit failed with status 219, EXIT_CGROUP).
+fn own_cgroups(machine: &str) -> io::Result<Vec<PathBuf>> {
+    let mut made = vec![];
+    for hierarchy in [
+        "/sys/fs/cgroup/unified",
+        "/sys/fs/cgroup/systemd",
+        "/sys/fs/cgroup",
+    ] {
+        let hierarchy = Path::new(hierarchy);
+        if !hierarchy.join("cgroup.procs").exists() {
+            continue;
+        }
+        let dir = hierarchy.join(machine);
+        if let Err(e) = fs::create_dir(&dir) {
+            remove_cgroups(&made);
+            return Err(e);
+        }
+        made.push(dir);
+    }
+    Ok(made)
+}
+
+/// Remove the container's cgroups and whatever its systemd left in them, deepest first and
+/// with `rmdir` only (a cgroup that still has processes stays, and says so).
+fn remove_cgroups(cgroups: &[PathBuf]) {
+    fn remove_tree(dir: &Path) -> io::Result<()> {
+        for e in fs::read_dir(dir)?.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                let _ = remove_tree(&e.path());
+            }
+        }
+        fs::remove_dir(dir)
+    }
+    // The container's last processes may still be on their way out when nspawn has exited.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for dir in cgroups {
+        while let Err(e) = remove_tree(dir) {
+            if e.kind() == io::ErrorKind::NotFound {
+                break;
+            }
+            if Instant::now() > deadline {
+                eprintln!("leaving cgroup {}: {e}", dir.display());
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 /// `path` as a `sockaddr_un`.
@@ -481,6 +558,7 @@ impl Drop for SystemdContainer {
         }
         // nspawn's per-machine directory on the host, when it is left behind (empty).
         let _ = fs::remove_dir(Path::new("/run/systemd/nspawn/propagate").join(&self.machine));
+        remove_cgroups(&self.cgroups);
         remove_dirs(&self.dir);
     }
 }

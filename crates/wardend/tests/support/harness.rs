@@ -651,6 +651,19 @@ impl Harness {
 
 impl Drop for Harness {
     fn drop(&mut self) {
+        if std::thread::panicking() && self.kind == Kind::Systemd {
+            // A failed test: what systemd said (a unit's setup failure names its cause only
+            // in the journal), printed with the test's output.
+            if let Ok(out) = self
+                .command(&["journalctl", "--no-pager", "-q", "-n", "60"])
+                .output()
+            {
+                eprintln!(
+                    "--- systemd journal (last 60 lines) ---\n{}",
+                    String::from_utf8_lossy(&out.stdout)
+                );
+            }
+        }
         if let Some(pid) = self.daemon_pid() {
             let _ = kill(pid, libc::SIGKILL);
         }
@@ -790,13 +803,50 @@ pub fn native_unit_cgroups(prefix: &str) -> Vec<String> {
     found
 }
 
+/// The `<prefix>.slice` cgroup directories in every hierarchy, with any unit directories
+/// still in them (deepest first, `rmdir` only: a directory with processes stays).
+fn remove_slice_dirs(prefix: &str) {
+    let slice = format!("{prefix}.slice");
+    let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let p = e.path();
+            if e.file_name().to_string_lossy() == slice {
+                if let Ok(units) = std::fs::read_dir(&p) {
+                    for u in units.flatten() {
+                        if u.file_type().is_ok_and(|t| t.is_dir()) {
+                            let _ = std::fs::remove_dir(u.path());
+                        }
+                    }
+                }
+                let _ = std::fs::remove_dir(&p);
+            } else if p.components().count() < 8 {
+                stack.push(p);
+            }
+        }
+    }
+}
+
 /// Kill and remove what a native test left behind under `prefix`, by running wardend's own
 /// orphan cleanup once (it exits after failing to look up a nonexistent client account is
 /// not an option: it must clean before listening, so start it and stop it).
 pub fn cleanup_native_leftovers(prefix: &str) {
-    if native_unit_cgroups(prefix).is_empty() {
-        return;
+    if !native_unit_cgroups(prefix).is_empty() {
+        run_orphan_cleanup(prefix);
     }
+    // wardend leaves its (empty) slice directories behind: the test's, removed here.
+    remove_slice_dirs(prefix);
+}
+
+/// Start a native wardend of `prefix` until it listens (its orphan cleanup runs before),
+/// then stop it.
+fn run_orphan_cleanup(prefix: &str) {
     let Ok(dir) = tempfile::tempdir() else { return };
     let sock = dir.path().join("s.sock");
     let Ok(mut child) = Command::new(bin("wardend"))
