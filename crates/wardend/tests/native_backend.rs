@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 use warden_proto::{ExitReason, ExitReport, Network};
 use wardend::units::native::cgroup::{self, Hierarchy};
 use wardend::units::native::{NativeManager, NativeUnit};
+
+mod support;
+use support::harness::scaled;
 use wardend::units::{FsView, Limits, RunningUnit, UnitManager, UnitName, UnitSpec};
 
 const NOBODY: u32 = 65534;
@@ -42,16 +45,6 @@ async fn procs_at_least(dirs: &[PathBuf], n: usize) -> Vec<i32> {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     panic!("fewer than {n} processes: {pids:?}");
-}
-
-/// `d` stretched by `WARDEN_TEST_TIME_SCALE` (the Debian VM runs under emulation).
-fn scaled(d: Duration) -> Duration {
-    let scale = std::env::var("WARDEN_TEST_TIME_SCALE")
-        .ok()
-        .and_then(|s| s.parse::<u32>().ok())
-        .filter(|s| *s > 0)
-        .unwrap_or(1);
-    d * scale
 }
 
 fn random_prefix() -> String {

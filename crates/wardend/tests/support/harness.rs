@@ -770,8 +770,8 @@ pub fn kill(pid: u32, sig: i32) -> Result<()> {
     Ok(())
 }
 
-/// Cgroup directories named like units of `prefix`, in any hierarchy.
-pub fn native_unit_cgroups(prefix: &str) -> Vec<String> {
+/// The `<prefix>.slice` cgroup directories of `prefix`, in every hierarchy.
+fn slice_dirs(prefix: &str) -> Vec<PathBuf> {
     let slice = format!("{prefix}.slice");
     let mut found = vec![];
     let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];
@@ -784,52 +784,48 @@ pub fn native_unit_cgroups(prefix: &str) -> Vec<String> {
                 continue;
             }
             let p = e.path();
-            let name = e.file_name().to_string_lossy().to_string();
-            if name == slice {
-                if let Ok(units) = std::fs::read_dir(&p) {
-                    for u in units.flatten() {
-                        if u.file_type().is_ok_and(|t| t.is_dir()) {
-                            found.push(u.file_name().to_string_lossy().to_string());
-                        }
-                    }
-                }
+            if e.file_name().to_string_lossy() == slice {
+                found.push(p);
             } else if p.components().count() < 8 {
                 stack.push(p);
             }
         }
     }
+    found
+}
+
+/// The directories in a cgroup directory.
+fn subdirs(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return vec![];
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// Cgroup directories named like units of `prefix`, in any hierarchy.
+pub fn native_unit_cgroups(prefix: &str) -> Vec<String> {
+    let mut found: Vec<String> = slice_dirs(prefix)
+        .iter()
+        .flat_map(|s| subdirs(s))
+        .filter_map(|u| u.file_name().map(|n| n.to_string_lossy().to_string()))
+        .collect();
     found.sort();
     found.dedup();
     found
 }
 
-/// The `<prefix>.slice` cgroup directories in every hierarchy, with any unit directories
-/// still in them (deepest first, `rmdir` only: a directory with processes stays).
+/// Remove the `<prefix>.slice` cgroup directories in every hierarchy, with any unit
+/// directories still in them (deepest first, `rmdir` only: a directory with processes stays).
 fn remove_slice_dirs(prefix: &str) {
-    let slice = format!("{prefix}.slice");
-    let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            if !e.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
-            }
-            let p = e.path();
-            if e.file_name().to_string_lossy() == slice {
-                if let Ok(units) = std::fs::read_dir(&p) {
-                    for u in units.flatten() {
-                        if u.file_type().is_ok_and(|t| t.is_dir()) {
-                            let _ = std::fs::remove_dir(u.path());
-                        }
-                    }
-                }
-                let _ = std::fs::remove_dir(&p);
-            } else if p.components().count() < 8 {
-                stack.push(p);
-            }
+    for slice in slice_dirs(prefix) {
+        for unit in subdirs(&slice) {
+            let _ = std::fs::remove_dir(unit);
         }
+        let _ = std::fs::remove_dir(slice);
     }
 }
 
