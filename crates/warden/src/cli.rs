@@ -22,9 +22,16 @@ use crate::parse::{parse_duration_ms, parse_size};
 #[derive(Debug, Parser)]
 #[command(name = "warden", version)]
 pub struct Cli {
-    /// The daemon's socket [default: $WARDEN_SOCKET, else /run/warden/warden.sock].
+    /// The daemon's socket [default: $WARDEN_SOCKET, else /run/warden/<your account>.sock].
     #[arg(long, global = true, value_name = "PATH")]
     pub socket: Option<PathBuf>,
+    /// How long to retry a busy daemon (refused at admission), e.g. 10s; 0: not at all
+    /// [default: $WARDEN_RETRY, else 10s].
+    #[arg(long, global = true, value_name = "DURATION", value_parser = duration_ms)]
+    pub retry: Option<u64>,
+    /// Say on stderr what warden is doing when it waits (retrying a busy daemon).
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -127,6 +134,10 @@ fn nonzero_duration_ms(s: &str) -> Result<u64, String> {
         Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
     }
+}
+
+fn duration_ms(s: &str) -> Result<u64, String> {
+    parse_duration_ms(s).map_err(|e| e.to_string())
 }
 
 fn env_pair(s: &str) -> Result<(String, String), String> {
@@ -283,7 +294,12 @@ pub fn warden_main(args: impl IntoIterator<Item = OsString>) -> i32 {
     match cli.command {
         Command::Run(args) => {
             let report = args.report;
-            execute_run(&run_options(socket, args), report)
+            let mut opts = run_options(socket, args);
+            if let Some(ms) = cli.retry {
+                opts.retry = std::time::Duration::from_millis(ms);
+            }
+            opts.verbose = cli.verbose;
+            execute_run(&opts, report)
         }
         Command::Ps => unsupported("ps"),
         Command::Stop { .. } => unsupported("stop"),

@@ -13,6 +13,7 @@
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use rustix::fs::{Mode, OFlags};
 use tokio::net::UnixStream;
@@ -24,7 +25,9 @@ use warden_proto::{
 use crate::exit::{error_exit_code, EXIT_WARDEN_FAILED, SIGNAL_BASE};
 use crate::signals::{self, Forwarder};
 
-/// Where the daemon listens unless told otherwise.
+/// The directory of the daemons' default sockets, `<dir>/<account>.sock`.
+pub const DEFAULT_SOCKET_DIR: &str = "/run/warden";
+/// The socket of a daemon configured before sockets were per account.
 pub const DEFAULT_SOCKET: &str = "/run/warden/warden.sock";
 /// The environment variable that names the socket.
 pub const SOCKET_ENV: &str = "WARDEN_SOCKET";
@@ -91,6 +94,21 @@ impl ClientError {
         }
     }
 
+    /// Whether the daemon was only busy, before anything started: refused at admission (its
+    /// pool of connections not yet authenticated was full; a refused account reads the
+    /// same and is retried the same, which costs it the retry budget and tells it
+    /// nothing), every session slot taken, or its listen queue full. Trying again later
+    /// may succeed.
+    pub fn is_busy(&self) -> bool {
+        match self {
+            ClientError::Daemon { code, .. } => {
+                matches!(code, ErrorCode::Admission | ErrorCode::SessionLimit)
+            }
+            ClientError::Connect { source, .. } => source.raw_os_error() == Some(libc::EAGAIN),
+            _ => false,
+        }
+    }
+
     /// The line to print on stderr: the daemon's message verbatim (one line, nothing before
     /// it), or `warden: <what failed>` for failures of the client itself.
     pub fn user_message(&self) -> String {
@@ -132,6 +150,11 @@ pub struct RunOptions {
     pub pty: Option<PtySize>,
     /// Catch SIGINT/SIGTERM/SIGHUP/SIGQUIT and forward them to the unit.
     pub forward_signals: bool,
+    /// How long a busy daemon (refused at admission, listen queue full) is retried
+    /// ([`crate::retry`]); zero: not at all.
+    pub retry: Duration,
+    /// Say on stderr when retrying a busy daemon.
+    pub verbose: bool,
 }
 
 impl RunOptions {
@@ -146,6 +169,8 @@ impl RunOptions {
             overrides: Overrides::default(),
             pty: None,
             forward_signals: true,
+            retry: crate::retry::budget_from_env(),
+            verbose: false,
         }
     }
 
@@ -160,15 +185,39 @@ impl RunOptions {
     }
 }
 
-/// The socket to use: `flag` if given, else `$WARDEN_SOCKET` if set and not empty, else the
-/// default.
+/// The socket to use: `flag` if given, else `$WARDEN_SOCKET` if set and not empty, else
+/// this account's daemon's, `/run/warden/<account>.sock` — or `/run/warden/warden.sock`
+/// when only that one exists (a daemon configured with the old default).
 pub fn socket_path(flag: Option<PathBuf>) -> PathBuf {
     flag.or_else(|| {
         std::env::var_os(SOCKET_ENV)
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
     })
-    .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET))
+    .unwrap_or_else(default_socket)
+}
+
+/// This account's default socket (see [`socket_path`]).
+fn default_socket() -> PathBuf {
+    let shared = PathBuf::from(DEFAULT_SOCKET);
+    let Some(own) =
+        own_account_name().map(|n| Path::new(DEFAULT_SOCKET_DIR).join(format!("{n}.sock")))
+    else {
+        return shared;
+    };
+    if !own.exists() && shared.exists() {
+        return shared;
+    }
+    own
+}
+
+/// The name of the account this process runs as, from the user database.
+fn own_account_name() -> Option<String> {
+    let uid = nix::unistd::Uid::effective();
+    nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map(|u| u.name)
 }
 
 /// The process's environment as UTF-8 pairs. Variables whose name or value is not UTF-8
@@ -225,6 +274,23 @@ impl Client {
                 message: format!("{other:?}"),
             }),
             None => Err(ClientError::Closed("before answering hello")),
+        }
+    }
+
+    /// [`Client::connect`], retrying a busy daemon (see [`ClientError::is_busy`]) with
+    /// jittered exponential backoff for up to `budget`; the last refusal is returned when
+    /// the budget is spent. `verbose`: say so on stderr, once.
+    pub async fn connect_retrying(
+        socket: &Path,
+        budget: Duration,
+        verbose: bool,
+    ) -> Result<Self, ClientError> {
+        let mut retry = Retry::new(budget, verbose);
+        loop {
+            match Self::connect(socket).await {
+                Err(e) if e.is_busy() => retry.wait_or(e).await?,
+                other => return other,
+            }
         }
     }
 
@@ -349,5 +415,52 @@ pub async fn run(opts: &RunOptions) -> Result<Outcome, ClientError> {
     if opts.pty.is_some() {
         return Err(pty_unsupported());
     }
-    Client::connect(&opts.socket).await?.run(opts).await
+    let mut retry = Retry::new(opts.retry, opts.verbose);
+    loop {
+        let attempt = match Client::connect(&opts.socket).await {
+            Ok(client) => client.run(opts).await,
+            Err(e) => Err(e),
+        };
+        match attempt {
+            // Refused before the unit started: nothing ran, so trying again is safe.
+            Err(e) if e.is_busy() => retry.wait_or(e).await?,
+            other => return other,
+        }
+    }
+}
+
+/// Retrying a busy daemon within a budget.
+struct Retry {
+    backoff: crate::retry::Backoff,
+    budget: Duration,
+    verbose: bool,
+    said: bool,
+}
+
+impl Retry {
+    fn new(budget: Duration, verbose: bool) -> Self {
+        Self {
+            backoff: crate::retry::Backoff::new(budget),
+            budget,
+            verbose,
+            said: false,
+        }
+    }
+
+    /// Wait before the next attempt, or give `refusal` back when the budget is spent.
+    async fn wait_or(&mut self, refusal: ClientError) -> Result<(), ClientError> {
+        let Some(wait) = self.backoff.next_wait() else {
+            return Err(refusal);
+        };
+        if self.verbose && !self.said {
+            self.said = true;
+            eprintln!(
+                "warden: wardend is busy ({}); retrying for up to {:?}",
+                refusal.user_message(),
+                self.budget
+            );
+        }
+        tokio::time::sleep(wait).await;
+        Ok(())
+    }
 }

@@ -12,6 +12,7 @@
 //! - [`client`]: connect, hello, start, signal forwarding, wait;
 //! - [`exit`]: exit report (or failure) → exit status;
 //! - [`parse`]: sizes and durations of the command line;
+//! - [`retry`]: retrying a busy daemon with jittered backoff;
 //! - [`signals`]: catching the signals that are forwarded;
 //! - [`sh`]: the `warden-sh` shell shim's argument grammar;
 //! - [`cli`]: the `warden` and `warden-sh` command lines, shared by the two binaries.
@@ -20,11 +21,12 @@ pub mod cli;
 pub mod client;
 pub mod exit;
 pub use warden_proto::parse;
+pub mod retry;
 pub mod sh;
 pub mod signals;
 
 pub use client::{
     current_env, run, socket_path, Client, ClientError, Outcome, RunOptions, Welcome,
-    DEFAULT_SOCKET, SOCKET_ENV,
+    DEFAULT_SOCKET, DEFAULT_SOCKET_DIR, SOCKET_ENV,
 };
 pub use warden_proto::{ExitReason, ExitReport, Network, Overrides, PtySize};

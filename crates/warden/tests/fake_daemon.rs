@@ -32,6 +32,8 @@ enum Script {
     SigtermBeforeStarted,
     /// `started`, then close without `exited`.
     CloseEarly,
+    /// Refuse this many connections at admission, then run the command and exit 0.
+    Busy(u32),
 }
 
 /// What the fake daemon saw.
@@ -39,6 +41,8 @@ enum Script {
 struct Seen {
     start: Option<StartRequest>,
     signals: Vec<i32>,
+    /// Connections refused at admission before the one served.
+    refused: u32,
 }
 
 fn report(reason: ExitReason, code: Option<i32>, signal: Option<i32>) -> ExitReport {
@@ -79,18 +83,36 @@ async fn serve(
     script: Script,
 ) -> TestResult<Seen> {
     let mut seen = Seen::default();
-    let (stream, _) = listener.accept().await?;
-    let mut conn = Conn::new(stream);
-
-    let (hello, fds) = conn.recv::<Request>().await?.ok_or("closed before hello")?;
-    match hello {
-        Request::Hello { version, client } => {
-            assert_eq!(version, PROTOCOL_VERSION);
-            assert!(client.starts_with("warden "), "client name {client:?}");
+    let mut conn = loop {
+        // After a refusal, a client that stays away has given up.
+        let next = tokio::time::timeout(std::time::Duration::from_secs(3), listener.accept());
+        let (stream, _) = match next.await {
+            Ok(accepted) => accepted?,
+            Err(_) if seen.refused > 0 => return Ok(seen),
+            Err(_) => return Err("no client connected".into()),
+        };
+        let mut conn = Conn::new(stream);
+        let (hello, fds) = conn.recv::<Request>().await?.ok_or("closed before hello")?;
+        match hello {
+            Request::Hello { version, client } => {
+                assert_eq!(version, PROTOCOL_VERSION);
+                assert!(client.starts_with("warden "), "client name {client:?}");
+            }
+            other => return Err(format!("expected hello, got {other:?}").into()),
         }
-        other => return Err(format!("expected hello, got {other:?}").into()),
-    }
-    assert!(fds.is_empty());
+        assert!(fds.is_empty());
+        match script {
+            Script::Busy(n) if seen.refused < n => {
+                let refusal = Response::error(
+                    ErrorCode::Admission,
+                    "authentication admission limit reached",
+                );
+                conn.send(&refusal, &[]).await?;
+                seen.refused += 1;
+            }
+            _ => break conn,
+        }
+    };
     if let Script::RefuseHello(code, message) = script {
         conn.send(&Response::error(code, message), &[]).await?;
         return Ok(seen);
@@ -119,6 +141,14 @@ async fn serve(
         Script::RefuseHello(..) => {}
         Script::ErrorOnStart(code, message) => {
             conn.send(&Response::error(code, message), &[]).await?;
+        }
+        Script::Busy(_) => {
+            send_started(&conn).await?;
+            conn.send(
+                &Response::Exited(report(ExitReason::Exited, Some(0), None)),
+                &[],
+            )
+            .await?;
         }
         Script::Exit(report) => {
             send_started(&conn).await?;
@@ -261,7 +291,7 @@ async fn session_limit_is_125_with_the_message_verbatim() -> TestResult {
     let env = env()?;
     let (out, _) = run_client(
         &env,
-        &["run", "--", "true"],
+        &["--retry", "0", "run", "--", "true"],
         Script::ErrorOnStart(ErrorCode::SessionLimit, "session limit reached"),
     )
     .await?;
@@ -275,7 +305,7 @@ async fn refusal_at_hello_is_125_with_the_message_verbatim() -> TestResult {
     let env = env()?;
     let (out, seen) = run_client(
         &env,
-        &["run", "--", "true"],
+        &["--retry", "0", "run", "--", "true"],
         Script::RefuseHello(
             ErrorCode::Admission,
             "authentication admission limit reached",
@@ -285,6 +315,56 @@ async fn refusal_at_hello_is_125_with_the_message_verbatim() -> TestResult {
     assert_eq!(out.status.code(), Some(125));
     assert_eq!(stderr(&out), "authentication admission limit reached\n");
     assert!(seen.start.is_none());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_busy_daemon_is_retried_until_it_admits() -> TestResult {
+    let sh_env = env()?;
+    let env = env()?;
+    let (out, seen) = run_client(&env, &["-v", "run", "--", "true"], Script::Busy(5)).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(seen.refused, 5);
+    assert!(seen.start.is_some());
+    // -v says so, once.
+    assert_eq!(
+        stderr(&out).matches("warden: wardend is busy (authentication admission limit reached); retrying for up to").count(),
+        1,
+        "{}",
+        stderr(&out)
+    );
+    // warden-sh retries too (its budget from $WARDEN_RETRY, the default here), silently.
+    let (out, seen) = run_bin(
+        env!("CARGO_BIN_EXE_warden-sh"),
+        &sh_env,
+        &["-c", "true"],
+        Script::Busy(3),
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(seen.refused, 3);
+    assert_eq!(stderr(&out), "");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_refusal_that_outlasts_the_retry_budget_is_reported() -> TestResult {
+    let env = env()?;
+    let t0 = std::time::Instant::now();
+    let (out, seen) = run_client(
+        &env,
+        &["--retry", "300ms", "run", "--", "true"],
+        Script::Busy(u32::MAX),
+    )
+    .await?;
+    let took = t0.elapsed();
+    assert_eq!(out.status.code(), Some(125));
+    assert_eq!(stderr(&out), "authentication admission limit reached\n");
+    assert!(seen.refused >= 3, "only {} attempts", seen.refused);
+    assert!(
+        took >= std::time::Duration::from_millis(300),
+        "gave up after {took:?}"
+    );
     Ok(())
 }
 

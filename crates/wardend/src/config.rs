@@ -17,8 +17,28 @@ use crate::units::BackendKind;
 
 /// Where the config file is looked for when `--config` is not given.
 pub const DEFAULT_CONFIG: &str = "/etc/warden/warden.toml";
-/// Where the socket is when nothing says otherwise.
-pub const DEFAULT_SOCKET: &str = "/run/warden/warden.sock";
+/// The directory of the default sockets: `/run/warden/<account>.sock`, one per account
+/// (SPEC §10), so that one daemon per account runs side by side.
+pub const DEFAULT_SOCKET_DIR: &str = "/run/warden";
+
+/// The default socket of the daemon serving `account`.
+pub fn default_socket(account: &str) -> PathBuf {
+    Path::new(DEFAULT_SOCKET_DIR).join(format!("{account}.sock"))
+}
+
+/// The default unit prefix of the daemon serving `account`: `warden_<account>`, the
+/// account name lowercased with every character outside a-z, 0-9 and _ as `_` (a prefix
+/// has no dash: unit names are `<prefix>-<16 hex>`).
+pub fn default_unit_prefix(account: &str) -> String {
+    let name: String = account
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '_') => c,
+            _ => '_',
+        })
+        .collect();
+    format!("warden_{name}")
+}
 
 /// A config problem, named so that an operator can fix it.
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +101,9 @@ pub struct FileConfig {
     /// Time allowed from accept to the start request.
     #[serde(default, deserialize_with = "de_duration")]
     pub handshake_timeout: Option<Duration>,
+    /// How long an authenticated client may wait for a session slot.
+    #[serde(default, deserialize_with = "de_duration")]
+    pub session_wait: Option<Duration>,
     /// Unit name prefix.
     pub unit_prefix: Option<String>,
     /// SO_SNDBUF / SO_RCVBUF of each connection, in bytes.
@@ -150,7 +173,7 @@ pub struct Flags {
     /// The account whose processes may ask for units.
     #[arg(long)]
     pub client_user: Option<String>,
-    /// The socket path.
+    /// The socket path [default: /run/warden/<client account>.sock].
     #[arg(long)]
     pub socket: Option<PathBuf>,
     /// Which backend runs units.
@@ -165,7 +188,10 @@ pub struct Flags {
     /// Time allowed from accept to the start request (e.g. 5s, 250ms).
     #[arg(long, value_parser = parse_duration)]
     pub handshake_timeout: Option<Duration>,
-    /// Unit name prefix.
+    /// How long an authenticated client may wait for a session slot (0: refused at once).
+    #[arg(long, value_parser = parse_duration)]
+    pub session_wait: Option<Duration>,
+    /// Unit name prefix [default: warden_<client account>].
     #[arg(long)]
     pub unit_prefix: Option<String>,
 }
@@ -185,6 +211,9 @@ pub struct Config {
     pub max_unauthenticated: usize,
     /// Time allowed from accept to the start request.
     pub handshake_timeout: Duration,
+    /// How long an authenticated client may wait for a session slot (at most
+    /// `max_sessions` wait at once); zero: `session limit reached` at once (C10).
+    pub session_wait: Duration,
     /// Unit name prefix.
     pub unit_prefix: String,
     /// SO_SNDBUF / SO_RCVBUF of each connection.
@@ -226,15 +255,13 @@ impl Config {
 
     /// Apply flags over a parsed file, fill defaults, validate.
     pub fn merge(file: FileConfig, flags: Flags, profiles: Profiles) -> Result<Self, ConfigError> {
+        let (flags_socket, flags_prefix) = (flags.socket.clone(), flags.unit_prefix.clone());
         let cfg = Config {
             client_user: flags
                 .client_user
                 .or(file.client_user)
                 .ok_or(ConfigError::NoClientUser)?,
-            socket: flags
-                .socket
-                .or(file.socket)
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET)),
+            socket: PathBuf::new(),
             backend: flags.backend.or(file.backend).unwrap_or(BackendKind::Auto),
             max_sessions: flags.max_sessions.or(file.max_sessions).unwrap_or(64),
             max_unauthenticated: flags
@@ -245,15 +272,23 @@ impl Config {
                 .handshake_timeout
                 .or(file.handshake_timeout)
                 .unwrap_or(Duration::from_secs(5)),
-            unit_prefix: flags
-                .unit_prefix
-                .or(file.unit_prefix)
-                .unwrap_or_else(|| "warden".into()),
+            session_wait: flags
+                .session_wait
+                .or(file.session_wait)
+                .unwrap_or(Duration::ZERO),
+            unit_prefix: String::new(),
             socket_buffer_size: file.socket_buffer_size.unwrap_or(256 * 1024),
             origin_window: file.origin_window.unwrap_or(Duration::from_secs(1)),
             origin_max_per_window: file.origin_max_per_window.unwrap_or(1024),
             profiles,
         };
+        let mut cfg = cfg;
+        cfg.socket = flags_socket
+            .or(file.socket)
+            .unwrap_or_else(|| default_socket(&cfg.client_user));
+        cfg.unit_prefix = flags_prefix
+            .or(file.unit_prefix)
+            .unwrap_or_else(|| default_unit_prefix(&cfg.client_user));
         cfg.validate()?;
         Ok(cfg)
     }
@@ -555,7 +590,7 @@ mod tests {
     fn flags_override_file_override_defaults() -> Result<(), ConfigError> {
         let file = parse_file(
             Path::new("w.toml"),
-            "client_user = \"root\"\nmax_sessions = 3\nhandshake_timeout = \"250ms\"\n",
+            "client_user = \"root\"\nmax_sessions = 3\nhandshake_timeout = \"250ms\"\nsession_wait = \"2s\"\n",
         )?;
         let mut flags = flags_with_user();
         flags.max_sessions = Some(9);
@@ -563,9 +598,27 @@ mod tests {
         assert_eq!(cfg.client_user, "nobody");
         assert_eq!(cfg.max_sessions, 9);
         assert_eq!(cfg.handshake_timeout, Duration::from_millis(250));
-        assert_eq!(cfg.unit_prefix, "warden");
-        assert_eq!(cfg.socket, PathBuf::from(DEFAULT_SOCKET));
+        assert_eq!(cfg.session_wait, Duration::from_secs(2));
+        let cfg = Config::merge(
+            FileConfig::default(),
+            flags_with_user(),
+            Profiles::default(),
+        )?;
+        assert_eq!(cfg.session_wait, Duration::ZERO, "C10: no wait by default");
+        // The socket and prefix of the account served.
+        assert_eq!(cfg.unit_prefix, "warden_nobody");
+        assert_eq!(cfg.socket, PathBuf::from("/run/warden/nobody.sock"));
         Ok(())
+    }
+
+    #[test]
+    fn defaults_derive_from_the_account() {
+        assert_eq!(default_unit_prefix("alice"), "warden_alice");
+        assert_eq!(default_unit_prefix("Bob.Smith-2"), "warden_bob_smith_2");
+        assert_eq!(
+            default_socket("alice"),
+            PathBuf::from("/run/warden/alice.sock")
+        );
     }
 
     #[test]

@@ -67,8 +67,16 @@ async fn run(cli: Cli) -> Result<(), String> {
         return Err(ServerError::NotRoot.to_string());
     }
     wardend::kernel::check()?;
+    match wardend::fd_limit::raise() {
+        Ok(limit) => tracing::debug!(?limit, "descriptor limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the descriptor limit"),
+    }
     // C2: the client account, by name, before the backend is touched.
     let account = Account::lookup(&config.client_user).map_err(|e| e.to_string())?;
+    // One daemon per socket and prefix, before orphan cleanup touches a unit of the prefix
+    // or the listener replaces a socket; held until this daemon exits.
+    let _locks = wardend::instance::InstanceLocks::take(&config.socket, &config.unit_prefix)
+        .map_err(|e| e.to_string())?;
     let backend = Backend::open(config.backend, &config.unit_prefix)
         .await
         .map_err(|e| match e {

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::UnixStream;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
@@ -56,6 +56,9 @@ pub enum ServerError {
 struct Shared<M: UnitManager> {
     config: Config,
     sessions: Arc<Semaphore>,
+    /// Places in the queue for a session slot (`max_sessions` of them), when
+    /// `session_wait` lets clients wait.
+    session_queue: Arc<Semaphore>,
     connections: Mutex<HashMap<u64, u32>>,
     next_id: AtomicU64,
     tracker: TaskTracker,
@@ -87,6 +90,7 @@ impl<M: UnitManager> Server<M> {
         let (fatal_tx, fatal_rx) = mpsc::channel(1);
         let shared = Arc::new(Shared {
             sessions: Arc::new(Semaphore::new(config.max_sessions)),
+            session_queue: Arc::new(Semaphore::new(config.max_sessions)),
             connections: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             tracker: TaskTracker::new(),
@@ -235,6 +239,12 @@ async fn handle<M: UnitManager>(shared: &Shared<M>, stream: UnixStream, admitted
     let hs = tokio::select! {
         r = tokio::time::timeout_at(deadline, handshake::run(&mut conn, &peer, &ctx.prefix, ctx.manager.backend())) => r,
         _ = ctx.shutdown.cancelled() => return,
+        // A smaller origin took this half-open connection's place in a full pool.
+        _ = slot.evicted().cancelled() => {
+            tracing::info!("evicted from a full admission pool");
+            send_bounded(&conn, &Response::error(ErrorCode::Admission, ADMISSION_REFUSED)).await;
+            return;
+        }
     };
     match hs {
         Ok(Ok(())) => {}
@@ -255,20 +265,64 @@ async fn handle<M: UnitManager>(shared: &Shared<M>, stream: UnixStream, admitted
         }
     }
     // C10: authenticated. The peer handle is closed when the handler ends; the
-    // unauthenticated slot goes back now; a session slot is taken without waiting.
+    // unauthenticated slot goes back now; a session slot is taken without waiting, or
+    // after a bounded wait when the admin allows one.
     drop(slot);
-    let Ok(_session_slot) = Arc::clone(&shared.sessions).try_acquire_owned() else {
-        tracing::info!("session limit reached");
-        send_bounded(
-            &conn,
-            &Response::error(ErrorCode::SessionLimit, SESSION_LIMIT),
-        )
-        .await;
-        return;
+    let (_session_slot, deadline) = match session_slot(shared).await {
+        SlotWait::ShuttingDown => return,
+        SlotWait::Slot(slot, waited) => (
+            slot,
+            if waited {
+                tokio::time::Instant::now() + shared.config.handshake_timeout
+            } else {
+                deadline
+            },
+        ),
+        SlotWait::Full => {
+            tracing::info!("session limit reached");
+            send_bounded(
+                &conn,
+                &Response::error(ErrorCode::SessionLimit, SESSION_LIMIT),
+            )
+            .await;
+            return;
+        }
     };
     let end = session::run(&mut conn, deadline, ctx).await;
     tracing::info!(end = %end, "session ended");
     drop(peer);
+}
+
+/// How the wait for a session slot ended.
+enum SlotWait {
+    /// A slot, and whether it was waited for (the start request's deadline starts again).
+    Slot(OwnedSemaphorePermit, bool),
+    /// None free within `session_wait`, or the queue for one was full.
+    Full,
+    /// The daemon is shutting down.
+    ShuttingDown,
+}
+
+/// A session slot: at once if one is free; else, when `session_wait` is set and the queue
+/// (`max_sessions` places) has room, the first freed within `session_wait`.
+async fn session_slot<M: UnitManager>(shared: &Shared<M>) -> SlotWait {
+    if let Ok(slot) = Arc::clone(&shared.sessions).try_acquire_owned() {
+        return SlotWait::Slot(slot, false);
+    }
+    let wait = shared.config.session_wait;
+    if wait.is_zero() {
+        return SlotWait::Full;
+    }
+    let Ok(_place) = Arc::clone(&shared.session_queue).try_acquire_owned() else {
+        return SlotWait::Full;
+    };
+    tokio::select! {
+        r = tokio::time::timeout(wait, Arc::clone(&shared.sessions).acquire_owned()) => match r {
+            Ok(Ok(slot)) => SlotWait::Slot(slot, true),
+            _ => SlotWait::Full,
+        },
+        _ = shared.session.shutdown.cancelled() => SlotWait::ShuttingDown,
+    }
 }
 
 async fn send_bounded(conn: &Conn, msg: &Response) {

@@ -16,6 +16,8 @@ use crate::units::{RunningUnit, UnitError, UnitManager, UnitName};
 
 /// How long the daemon waits to tell a client something before giving up on it.
 const SEND_TIMEOUT: Duration = Duration::from_secs(2);
+/// What a client whose unit the daemon's shutdown stopped reads (code `internal`, exit 125).
+pub const SHUTTING_DOWN: &str = "wardend is shutting down";
 /// How long, after stopping a unit, to wait for its exit status.
 const STATUS_AFTER_STOP: Duration = Duration::from_secs(1);
 
@@ -178,6 +180,8 @@ pub async fn run<M: UnitManager>(
     .await;
 
     let (end, exit) = relay(conn, &mut guard, ctx).await;
+    // The daemon ended the unit, not the command or the client: say so instead of a report.
+    let shut_down = matches!(end, SessionEnd::Shutdown) && exit.is_none();
     let unit = guard.stop().await;
     let mut report = match (exit, unit) {
         (Some(report), _) => report,
@@ -203,7 +207,11 @@ pub async fn run<M: UnitManager>(
         session_end = %end,
         "unit ended"
     );
-    send(conn, &Response::Exited(report)).await;
+    if shut_down {
+        send(conn, &Response::error(ErrorCode::Internal, SHUTTING_DOWN)).await;
+    } else {
+        send(conn, &Response::Exited(report)).await;
+    }
     end
 }
 

@@ -9,7 +9,7 @@ mod support;
 
 use std::io::Write;
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use support::harness::{bin, can_run, kill, native_unit_cgroups, scaled, Harness, Kind, Result};
 
@@ -31,6 +31,8 @@ per_backend!(
     non_root_daemon_refuses_to_serve,
     wrong_uid_is_refused_at_admission,
     session_limit_is_enforced,
+    a_start_waits_for_a_session_slot_when_the_admin_allows,
+    a_flood_from_another_process_tree_does_not_lock_the_agent_out,
     silent_connection_is_closed_at_the_handshake_timeout,
     bad_input_gets_an_error_frame_and_a_close,
 );
@@ -185,6 +187,8 @@ mod checks {
                 "env",
                 &sock,
                 &warden,
+                "--retry",
+                "0",
                 "run",
                 "--",
                 "true",
@@ -329,10 +333,21 @@ mod checks {
         assert_eq!(status.code(), Some(0), "log:\n{}", h.log_text());
         assert_eq!(h.units()?, Vec::<String>::new());
         assert!(h.unit_processes().is_empty());
-        // The clients were told and ended.
-        assert!(a.wait()?.code().is_some());
-        assert!(b.wait()?.code().is_some());
+        // The clients were told why and ended with 125 (warden failed, not the command).
+        for c in [&mut a, &mut b] {
+            let mut said = String::new();
+            std::io::Read::read_to_string(&mut c.stderr.take().ok_or("no stderr")?, &mut said)?;
+            assert_eq!(c.wait()?.code(), Some(125), "{said}");
+            assert_eq!(said, "wardend is shutting down\n");
+        }
         assert!(!h.host_path(&h.socket).exists(), "socket left behind");
+        if kind == Kind::Native {
+            let slices = support::harness::slice_dirs(&h.prefix);
+            assert!(
+                slices.is_empty(),
+                "slice directories left behind: {slices:?}"
+            );
+        }
         Ok(())
     }
 
@@ -478,8 +493,10 @@ mod checks {
         };
         let warden = bin("warden").display().to_string();
         let sock = format!("WARDEN_SOCKET={}", h.socket.display());
+        // (A refused account is retried like a busy daemon — the refusal reads the same —
+        // so each attempt here says not to retry.)
         let out = h
-            .command(&["env", &sock, &warden, "run", "--", "true"])
+            .command(&["env", &sock, &warden, "--retry", "0", "run", "--", "true"])
             .stdin(Stdio::null())
             .output()?;
         assert_eq!(out.status.code(), Some(125));
@@ -515,9 +532,15 @@ mod checks {
             return Ok(());
         };
         let (mut held, _) = spawn_unit(&h, &["sleep", "1000"])?;
-        let out = h.run(&["true"])?;
+        // (Told not to retry: the client retries a full daemon by default.)
+        let out = h.warden(&["--retry", "0", "run", "--", "true"]).output()?;
         assert_eq!(out.status.code(), Some(125));
         assert_eq!(text(&out.stderr), "session limit reached\n");
+        // By default it retries, and gives the same answer once its budget is spent.
+        let t0 = Instant::now();
+        let out = h.warden(&["--retry", "1s", "run", "--", "true"]).output()?;
+        assert_eq!(text(&out.stderr), "session limit reached\n");
+        assert!(t0.elapsed() >= Duration::from_secs(1), "{:?}", t0.elapsed());
         if let Some(pid) = client_pid(&held) {
             kill(pid, libc::SIGKILL)?;
         }
@@ -534,8 +557,110 @@ mod checks {
         Ok(())
     }
 
+    /// With `--session-wait`, a start that finds every session slot taken waits for one
+    /// (bounded) instead of failing, and runs when a slot frees.
+    pub fn a_start_waits_for_a_session_slot_when_the_admin_allows(kind: Kind) -> Result<()> {
+        let Some(h) = harness(kind, &["--max-sessions", "1", "--session-wait", "60s"])? else {
+            return Ok(());
+        };
+        let (mut held, _) = spawn_unit(&h, &["sleep", "1000"])?;
+        let mut waiting = h
+            .warden(&["run", "--", "echo", "ran"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        std::thread::sleep(scaled(Duration::from_millis(700)));
+        assert!(
+            waiting.try_wait()?.is_none(),
+            "the second start did not wait for a slot"
+        );
+        if let Some(pid) = client_pid(&held) {
+            kill(pid, libc::SIGKILL)?;
+        }
+        let _ = held.wait();
+        let out = waiting.wait_with_output()?;
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), "ran\n");
+        Ok(())
+    }
+
+    /// Silent connections held open by another process tree of the client account — one
+    /// origin, or many (each child its own session) — never take the agent's place: the
+    /// agent is admitted at once, without retrying.
+    pub fn a_flood_from_another_process_tree_does_not_lock_the_agent_out(kind: Kind) -> Result<()> {
+        use std::io::BufRead;
+        const FLOOD: &str = r#"
+import os, socket, sys, time
+path, n, spread = os.environ["WARDEN_SOCKET"], int(sys.argv[1]), sys.argv[2] == "spread"
+held = []
+for i in range(n):
+    if spread:
+        r, w = os.pipe()
+        if os.fork() == 0:
+            os.setsid()
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(path)
+            os.write(w, b"x")
+            time.sleep(60)
+            os._exit(0)
+        os.read(r, 1)
+    else:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(path)
+        held.append(s)
+    time.sleep(0.02)
+# One origin: the connections beyond its share were refused (a frame, then EOF); the
+# others are still open and silent.
+refused = 0
+for s in held:
+    s.settimeout(0.3)
+    try:
+        s.recv(1)
+        refused += 1
+    except socket.timeout:
+        s.settimeout(None)
+print("flooding", refused if held else "-", flush=True)
+time.sleep(60)
+"#;
+        let Some(h) = harness(
+            kind,
+            &["--max-unauthenticated", "4", "--handshake-timeout", "60s"],
+        )?
+        else {
+            return Ok(());
+        };
+        for mode in ["one-origin", "spread"] {
+            let mut flood = h
+                .as_client_elsewhere(&["python3", "-c", FLOOD, "12", mode], &[])
+                .stdout(Stdio::piped())
+                .spawn()?;
+            let mut line = String::new();
+            std::io::BufReader::new(flood.stdout.take().ok_or("no stdout")?)
+                .read_line(&mut line)?;
+            // One origin holds two of the four slots; its ten other connections were refused.
+            let want = if mode == "spread" {
+                "flooding -\n"
+            } else {
+                "flooding 10\n"
+            };
+            assert_eq!(line, want, "{mode}");
+            // Told not to retry: it must get in at once.
+            let out = h
+                .warden(&["--retry", "0", "run", "--", "echo", "in"])
+                .output()?;
+            let flooders =
+                std::iter::once(flood.id()).chain(support::harness::descendants(flood.id()));
+            for pid in flooders.collect::<Vec<_>>() {
+                let _ = kill(pid, libc::SIGKILL);
+            }
+            let _ = flood.wait();
+            assert_eq!(out.status.code(), Some(0), "{mode}: {}", text(&out.stderr));
+            assert_eq!(text(&out.stdout), "in\n", "{mode}");
+        }
+        Ok(())
+    }
+
     pub fn silent_connection_is_closed_at_the_handshake_timeout(kind: Kind) -> Result<()> {
-        use std::io::{BufRead, Read};
         // (Stretched in the emulated VM, where starting a client takes long.)
         let timeout = scaled(Duration::from_millis(500));
         let timeout_arg = format!("{}ms", timeout.as_millis());
@@ -551,23 +676,31 @@ mod checks {
         else {
             return Ok(());
         };
+        // One origin (a session of its own: `setsid sh`) holds the only unauthenticated slot
+        // with a silent connection; its next connection is refused at once when told not
+        // to retry, and admitted (retrying) once the silent one is closed at the timeout.
         let linger = format!("{:.1}", timeout.as_secs_f64() * 3.0);
-        let mut silent = h.probe_spawn(&["say", "connected", "sleep", &linger, "drain"])?;
-        let mut stdout = std::io::BufReader::new(silent.stdout.take().ok_or("no stdout")?);
-        let mut line = String::new();
-        stdout.read_line(&mut line)?;
-        assert_eq!(line, "connected\n");
-        // The only unauthenticated slot is taken.
-        let out = h.run(&["true"])?;
-        assert_eq!(
-            text(&out.stderr),
-            "authentication admission limit reached\n"
+        let script = format!(
+            "python3 {probe} \"$WARDEN_SOCKET\" say connected sleep {linger} drain > probe.out & \
+             until grep -q connected probe.out; do sleep 0.01; done; \
+             {warden} --retry 0 run -- true; echo \"refused-rc=$?\"; \
+             {warden} -v run -- true; echo \"admitted-rc=$?\"; wait; cat probe.out; rm -f probe.out",
+            probe = support::harness::probe_script().display(),
+            warden = bin("warden").display(),
         );
-        let mut said = String::new();
-        stdout.read_to_string(&mut said)?;
-        silent.wait()?;
-        assert!(said.contains("handshake timed out"), "{said}");
-        assert!(said.trim_end().ends_with("EOF"), "{said}");
+        let out = h
+            .as_client(&["setsid", "sh", "-c", &script], &[])
+            .output()?;
+        let (said, err) = (text(&out.stdout), text(&out.stderr));
+        assert!(said.contains("refused-rc=125\n"), "{said}{err}");
+        assert!(
+            err.starts_with("authentication admission limit reached\n"),
+            "{said}{err}"
+        );
+        assert!(said.contains("admitted-rc=0\n"), "{said}{err}");
+        assert!(err.contains("warden: wardend is busy"), "{said}{err}");
+        assert!(said.contains("handshake timed out"), "{said}{err}");
+        assert!(said.trim_end().ends_with("EOF"), "{said}{err}");
         // The slot is free again.
         let out = h.run(&["true"])?;
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));

@@ -41,21 +41,32 @@ fn root(script: &str) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// Our units (the default prefix `warden`), running or not yet collected.
+/// The default unit prefix of the daemon serving nobody.
+const PREFIX: &str = "warden_nobody";
+
+/// Our units (the default prefix of nobody's daemon), running or not yet collected.
 fn units() -> Result<Vec<String>> {
-    let out = root("systemctl list-units --all --plain --no-legend 'warden-*.service'")?;
+    let out = root(&format!(
+        "systemctl list-units --all --plain --no-legend '{PREFIX}-*.service'"
+    ))?;
     Ok(out
         .lines()
         .filter_map(|l| l.split_whitespace().next())
-        .filter(|u| wardend::units::name::is_unit_of("warden", u))
+        .filter(|u| wardend::units::name::is_unit_of(PREFIX, u))
         .map(str::to_string)
         .collect())
 }
 
 fn main_pid() -> Result<u32> {
-    Ok(root("systemctl show -p MainPID --value wardend.service")?
-        .trim()
-        .parse()?)
+    main_pid_of("wardend.service")
+}
+
+fn main_pid_of(service: &str) -> Result<u32> {
+    Ok(
+        root(&format!("systemctl show -p MainPID --value {service}"))?
+            .trim()
+            .parse()?,
+    )
 }
 
 /// `warden run ARGS` as nobody on the default socket, in the background.
@@ -109,7 +120,9 @@ impl Drop for Installed {
     fn drop(&mut self) {
         let _ = sh(
             "systemctl stop wardend.service; systemctl reset-failed wardend.service; \
-             rm -f /etc/systemd/system/wardend.service /usr/local/bin/wardend \
+             systemctl stop wardend@nobody.service; systemctl reset-failed wardend@nobody.service; \
+             rm -f /etc/systemd/system/wardend.service /etc/systemd/system/wardend@.service \
+             /usr/local/bin/wardend \
              /usr/local/bin/warden; rm -rf /etc/warden /srv/warden-packaging; \
              systemctl daemon-reload",
         );
@@ -124,29 +137,44 @@ fn the_service_starts_serves_stops_restarts_and_recovers() -> Result<()> {
         "PID 1 is not systemd here"
     );
     let _installed = Installed;
-    let service = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/wardend.service");
+    let packaging = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging");
+    let service = packaging.join("wardend.service");
+    let template = packaging.join("wardend@.service");
     root(&format!(
-        "install -m 755 {} {} /usr/local/bin/ && install -m 644 {} /etc/systemd/system/ && \
+        "install -m 755 {} {} /usr/local/bin/ && install -m 644 {} {} /etc/systemd/system/ && \
          mkdir -p /etc/warden /srv/warden-packaging && chown nobody /srv/warden-packaging && \
          echo 'client_user = \"nobody\"' > /etc/warden/warden.toml && systemctl daemon-reload",
         bin("wardend").display(),
         bin("warden").display(),
-        service.display()
+        service.display(),
+        template.display()
     ))?;
     // An orphan of a previous daemon (the default prefix): gone before the service is
     // ready (Type=notify: `systemctl start` returns once wardend said READY=1).
-    root("systemd-run --quiet --unit=warden-00000000000000aa.service sleep 1000")?;
-    assert_eq!(units()?, ["warden-00000000000000aa.service"]);
+    let orphan = format!("{PREFIX}-00000000000000aa.service");
+    root(&format!("systemd-run --quiet --unit={orphan} sleep 1000"))?;
+    assert_eq!(units()?, [orphan]);
     root("systemctl start wardend.service")?;
     assert_eq!(
         root("systemctl is-active wardend.service")?.trim(),
         "active"
     );
     assert!(
-        Path::new("/run/warden/warden.sock").exists(),
+        Path::new("/run/warden/nobody.sock").exists(),
         "ready before listening"
     );
     assert!(units()?.is_empty(), "ready before the orphan was removed");
+    // Its descriptor limit: the service's LimitNOFILE=1024:65536, the soft one raised to
+    // the hard one by wardend.
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", main_pid()?))?;
+    let nofile = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .ok_or("no Max open files line")?
+        .split_whitespace()
+        .filter(|w| w.parse::<u64>().is_ok())
+        .collect::<Vec<_>>();
+    assert_eq!(nofile, ["65536", "65536"], "{limits}");
     // A client is served, over the system bus.
     let out = client("-- sh -c 'echo served; id -u'")?.wait_with_output()?;
     assert_eq!(String::from_utf8_lossy(&out.stdout), "served\n65534\n");
@@ -192,6 +220,25 @@ fn the_service_starts_serves_stops_restarts_and_recovers() -> Result<()> {
     // And the new one serves.
     let out = client("-- true")?.wait_with_output()?;
     assert_eq!(out.status.code(), Some(0));
+    // The per-account template for the same account: refused while wardend.service holds
+    // nobody's socket and prefix (the journal names its PID), serving once it is stopped.
+    let holder = main_pid()?;
+    let _ = sh("systemctl start wardend@nobody.service");
+    assert_ne!(
+        root("systemctl is-active wardend@nobody.service || true")?.trim(),
+        "active"
+    );
+    let said = root("journalctl -u wardend@nobody.service --no-pager -o cat")?;
+    assert!(
+        said.contains(&format!(
+            "another wardend (pid {holder}) holds the socket /run/warden/nobody.sock"
+        )),
+        "{said}"
+    );
+    root("systemctl stop wardend.service && systemctl reset-failed wardend@nobody.service && systemctl start wardend@nobody.service")?;
+    let out = client("-- sh -c 'echo via-template'")?.wait_with_output()?;
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "via-template\n");
+    assert_ne!(main_pid_of("wardend@nobody.service")?, 0);
     Ok(())
 }
 

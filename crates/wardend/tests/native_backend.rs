@@ -633,6 +633,23 @@ async fn orphans_of_a_forgotten_manager_are_cleaned_up() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_manager_removes_its_empty_slices_when_dropped() {
+    if !root_or_skip("the_manager_removes_its_empty_slices_when_dropped") {
+        return;
+    }
+    let (m, _g, prefix) = manager();
+    let d = dirs();
+    let (s, out) = spec(&prefix, &["true"], &d);
+    let (report, _, _) = run(&m, s, out).await;
+    assert_eq!(report.code, Some(0));
+    let slices = m.slices();
+    assert!(!slices.is_empty() && slices.iter().all(|s| s.is_dir()));
+    drop(m);
+    let left: Vec<_> = slices.iter().filter(|s| s.exists()).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_unit_is_still_killed_and_removed() {
     if !root_or_skip("a_dropped_unit_is_still_killed_and_removed") {
         return;

@@ -2,22 +2,23 @@
 //!
 //! A connection is admitted only if its peer credentials can be read, its uid **and** gid
 //! are the client account's, and its origin (see [`origin`]) is admitted: at most
-//! `max_unauthenticated` connections are unauthenticated at once overall, and each origin
-//! may be admitted at most `origin_max_per_window` times within a sliding `origin_window`.
-//! The slot travels with the connection as a permit and is released when authentication
-//! completes or the connection ends (C8, C10).
+//! `max_unauthenticated` connections are unauthenticated at once overall, shared fairly
+//! between origins ([`pool`]: one origin holds at most half; a full pool makes room for a
+//! smaller origin by evicting the oldest half-open connection of the largest), and each
+//! origin may be admitted at most `origin_max_per_window` times within a sliding
+//! `origin_window`. The slot travels with the connection and is released when
+//! authentication completes or the connection ends (C8, C10).
 
 pub mod origin;
 pub mod peer;
+pub mod pool;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use self::origin::OriginCache;
 use self::peer::{Peer, ProcId};
+use self::pool::{Pool, Refusal, Slot};
 
 /// The message every refused peer reads (C6): deliberately the same for every cause.
 pub const ADMISSION_REFUSED: &str = "authentication admission limit reached";
@@ -40,9 +41,12 @@ pub enum AdmissionError {
         /// Peer gid.
         gid: u32,
     },
-    /// No unauthenticated slot free.
+    /// No unauthenticated slot free, and none to take from a larger origin.
     #[error("all {0} unauthenticated slots are taken")]
     NoSlot(usize),
+    /// The origin already holds its share of the unauthenticated slots.
+    #[error("origin pid {} already holds {} unauthenticated slots", .0.pid, .1)]
+    OriginShare(ProcId, usize),
     /// The origin was admitted too often in the window.
     #[error("origin pid {} admitted too often", .0.pid)]
     Rate(ProcId),
@@ -55,8 +59,9 @@ pub struct Admitted {
     pub peer: Peer,
     /// Its origin.
     pub origin: ProcId,
-    /// Its unauthenticated slot; dropping it releases the slot.
-    pub slot: OwnedSemaphorePermit,
+    /// Its unauthenticated slot; dropping it releases the slot. Its eviction token fires
+    /// when a smaller origin took its place: the connection is then refused.
+    pub slot: Slot,
 }
 
 /// Admission limits and state. Owned by the accept loop; slots are released by handlers.
@@ -64,8 +69,7 @@ pub struct Admitted {
 pub struct Admission {
     uid: u32,
     gid: u32,
-    max_unauthenticated: usize,
-    unauthenticated: Arc<Semaphore>,
+    pool: Pool,
     window: Duration,
     per_window: usize,
     admitted: HashMap<ProcId, VecDeque<Instant>>,
@@ -84,8 +88,7 @@ impl Admission {
         Self {
             uid,
             gid,
-            max_unauthenticated,
-            unauthenticated: Arc::new(Semaphore::new(max_unauthenticated)),
+            pool: Pool::new(max_unauthenticated),
             window,
             per_window,
             admitted: HashMap::new(),
@@ -95,7 +98,7 @@ impl Admission {
 
     /// Unauthenticated slots free now.
     pub fn free_slots(&self) -> usize {
-        self.unauthenticated.available_permits()
+        self.pool.free()
     }
 
     /// Admit the peer of `socket`, or say why not. `main_pid_of` asks the unit manager for
@@ -130,10 +133,11 @@ impl Admission {
             }
         };
         // The slot first: a connection refused for want of one is not counted against its
-        // origin's window (dropping the permit on a rate refusal gives the slot back).
-        let slot = Arc::clone(&self.unauthenticated)
-            .try_acquire_owned()
-            .map_err(|_| AdmissionError::NoSlot(self.max_unauthenticated))?;
+        // origin's window (dropping the slot on a rate refusal gives it back).
+        let slot = self.pool.take(origin).map_err(|r| match r {
+            Refusal::Full(max) => AdmissionError::NoSlot(max),
+            Refusal::OriginShare(n) => AdmissionError::OriginShare(origin, n),
+        })?;
         self.admit_origin(origin, now)?;
         Ok(Admitted { peer, origin, slot })
     }
@@ -179,18 +183,19 @@ mod tests {
     #[tokio::test]
     async fn slots_are_bounded_and_released_on_drop() -> Result<(), AdmissionError> {
         let (uid, gid) = me();
-        let mut adm = Admission::new(uid, gid, 2, Duration::from_secs(60), 100);
+        let mut adm = Admission::new(uid, gid, 4, Duration::from_secs(60), 100);
         let (a, _a) = UnixStream::pair().map_err(AdmissionError::Credentials)?;
         let first = adm.admit(&a, |_| async { None }).await?;
         let second = adm.admit(&a, |_| async { None }).await?;
+        // One origin (this process) holds at most half of the pool.
         assert!(matches!(
             adm.admit(&a, |_| async { None }).await,
-            Err(AdmissionError::NoSlot(2))
+            Err(AdmissionError::OriginShare(_, 2))
         ));
         drop(first);
-        assert_eq!(adm.free_slots(), 1);
+        assert_eq!(adm.free_slots(), 3);
         drop(second);
-        assert_eq!(adm.free_slots(), 2);
+        assert_eq!(adm.free_slots(), 4);
         Ok(())
     }
 
@@ -204,7 +209,7 @@ mod tests {
         for _ in 0..3 {
             assert!(matches!(
                 adm.admit(&a, |_| async { None }).await,
-                Err(AdmissionError::NoSlot(1))
+                Err(AdmissionError::OriginShare(_, 1))
             ));
         }
         drop(held);

@@ -293,12 +293,24 @@ impl Harness {
 
     /// [`Harness::as_client`] in directory `cwd` (as the daemon sees it).
     pub fn as_client_in(&self, cwd: &Path, argv: &[&str], env: &[&str]) -> Command {
+        self.as_client_wrapped(&[], cwd, argv, env)
+    }
+
+    /// [`Harness::as_client_in`], the account switch run by `wrapper` (as root).
+    fn as_client_wrapped(
+        &self,
+        wrapper: &[&str],
+        cwd: &Path,
+        argv: &[&str],
+        env: &[&str],
+    ) -> Command {
         let reuid = format!("--reuid={}", self.client.uid);
         let regid = format!("--regid={}", self.client.gid);
         let wd = cwd.display().to_string();
         let home = format!("HOME={}", self.client.home.display());
         let sock = format!("WARDEN_SOCKET={}", self.socket.display());
-        let mut full = vec![
+        let mut full = wrapper.to_vec();
+        full.extend_from_slice(&[
             "setpriv",
             reuid.as_str(),
             regid.as_str(),
@@ -311,12 +323,26 @@ impl Harness {
             "PATH=/usr/local/bin:/usr/bin:/bin",
             home.as_str(),
             sock.as_str(),
-        ];
+        ]);
         full.extend_from_slice(env);
         full.extend_from_slice(argv);
         let mut c = self.command(&full);
         c.stdin(Stdio::null());
         c
+    }
+
+    /// [`Harness::as_client`] in another process tree than the agent's: a session of its
+    /// own, and on a systemd host a scope unit of its own (the daemon takes the main
+    /// process of a peer's unit for its origin, and the tests run in one unit there).
+    pub fn as_client_elsewhere(&self, argv: &[&str], env: &[&str]) -> Command {
+        let scope: &[&str] = if systemd_is_pid1() && self.container.is_none() {
+            &["systemd-run", "--scope", "--quiet", "--collect", "--"]
+        } else {
+            &[]
+        };
+        let mut own = vec!["setsid"];
+        own.extend_from_slice(argv);
+        self.as_client_wrapped(scope, &self.workdir, &own, env)
     }
 
     /// `warden ARGS...` as the client account, with `env` (`K=V`) in its environment.
@@ -771,7 +797,7 @@ pub fn kill(pid: u32, sig: i32) -> Result<()> {
 }
 
 /// The `<prefix>.slice` cgroup directories of `prefix`, in every hierarchy.
-fn slice_dirs(prefix: &str) -> Vec<PathBuf> {
+pub fn slice_dirs(prefix: &str) -> Vec<PathBuf> {
     let slice = format!("{prefix}.slice");
     let mut found = vec![];
     let mut stack = vec![PathBuf::from("/sys/fs/cgroup")];

@@ -396,6 +396,16 @@ fn read_start_report(start: OwnedFd) -> io::Result<Option<StartFailure>> {
         .ok_or_else(|| io::Error::other(format!("garbled start report ({} bytes)", buf.len())))
 }
 
+impl Drop for NativeManager {
+    /// The daemon is done: its `<prefix>.slice` directories go too, where they are empty
+    /// (`rmdir` only: a unit still there keeps them, for the next start's orphan cleanup).
+    fn drop(&mut self) {
+        for slice in self.cgroups.slices() {
+            let _ = std::fs::remove_dir(slice);
+        }
+    }
+}
+
 impl UnitManager for NativeManager {
     type Unit = NativeUnit;
 
