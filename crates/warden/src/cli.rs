@@ -25,8 +25,8 @@ pub struct Cli {
     /// The daemon's socket [default: $WARDEN_SOCKET, else /run/warden/<your account>.sock].
     #[arg(long, global = true, value_name = "PATH")]
     pub socket: Option<PathBuf>,
-    /// How long to retry a busy daemon (refused at admission), e.g. 10s; 0: not at all
-    /// [default: $WARDEN_RETRY, else 10s].
+    /// How long to retry a busy daemon (refused at admission, or no session slot free),
+    /// e.g. 10s; 0: not at all [default: $WARDEN_RETRY, else 30s].
     #[arg(long, global = true, value_name = "DURATION", value_parser = duration_ms)]
     pub retry: Option<u64>,
     /// Say on stderr what warden is doing when it waits (retrying a busy daemon).
