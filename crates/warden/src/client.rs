@@ -25,8 +25,6 @@ use warden_proto::{
 use crate::exit::{error_exit_code, EXIT_WARDEN_FAILED, SIGNAL_BASE};
 use crate::signals::{self, Forwarder};
 
-/// The directory of the daemons' default sockets, `<dir>/<account>.sock`.
-pub const DEFAULT_SOCKET_DIR: &str = "/run/warden";
 /// The socket of a daemon configured before sockets were per account.
 pub const DEFAULT_SOCKET: &str = "/run/warden/warden.sock";
 /// The environment variable that names the socket.
@@ -150,7 +148,8 @@ pub struct RunOptions {
     pub pty: Option<PtySize>,
     /// Catch SIGINT/SIGTERM/SIGHUP/SIGQUIT and forward them to the unit.
     pub forward_signals: bool,
-    /// How long a busy daemon (refused at admission, listen queue full) is retried
+    /// How long a busy daemon (refused at admission or for the session limit, listen queue
+    /// full) is retried
     /// ([`crate::retry`]); zero: not at all.
     pub retry: Duration,
     /// Say on stderr when retrying a busy daemon.
@@ -200,9 +199,7 @@ pub fn socket_path(flag: Option<PathBuf>) -> PathBuf {
 /// This account's default socket (see [`socket_path`]).
 fn default_socket() -> PathBuf {
     let shared = PathBuf::from(DEFAULT_SOCKET);
-    let Some(own) =
-        own_account_name().map(|n| Path::new(DEFAULT_SOCKET_DIR).join(format!("{n}.sock")))
-    else {
+    let Some(own) = own_account_name().map(|n| warden_proto::socket::default_socket(&n)) else {
         return shared;
     };
     if !own.exists() && shared.exists() {
@@ -274,23 +271,6 @@ impl Client {
                 message: format!("{other:?}"),
             }),
             None => Err(ClientError::Closed("before answering hello")),
-        }
-    }
-
-    /// [`Client::connect`], retrying a busy daemon (see [`ClientError::is_busy`]) with
-    /// jittered exponential backoff for up to `budget`; the last refusal is returned when
-    /// the budget is spent. `verbose`: say so on stderr, once.
-    pub async fn connect_retrying(
-        socket: &Path,
-        budget: Duration,
-        verbose: bool,
-    ) -> Result<Self, ClientError> {
-        let mut retry = Retry::new(budget, verbose);
-        loop {
-            match Self::connect(socket).await {
-                Err(e) if e.is_busy() => retry.wait_or(e).await?,
-                other => return other,
-            }
         }
     }
 

@@ -27,6 +27,6 @@ pub mod signals;
 
 pub use client::{
     current_env, run, socket_path, Client, ClientError, Outcome, RunOptions, Welcome,
-    DEFAULT_SOCKET, DEFAULT_SOCKET_DIR, SOCKET_ENV,
+    DEFAULT_SOCKET, SOCKET_ENV,
 };
 pub use warden_proto::{ExitReason, ExitReport, Network, Overrides, PtySize};

@@ -17,14 +17,7 @@ use crate::units::BackendKind;
 
 /// Where the config file is looked for when `--config` is not given.
 pub const DEFAULT_CONFIG: &str = "/etc/warden/warden.toml";
-/// The directory of the default sockets: `/run/warden/<account>.sock`, one per account
-/// (SPEC §10), so that one daemon per account runs side by side.
-pub const DEFAULT_SOCKET_DIR: &str = "/run/warden";
-
-/// The default socket of the daemon serving `account`.
-pub fn default_socket(account: &str) -> PathBuf {
-    Path::new(DEFAULT_SOCKET_DIR).join(format!("{account}.sock"))
-}
+pub use warden_proto::socket::default_socket;
 
 /// The default unit prefix of the daemon serving `account`: `warden_<account>`, the
 /// account name lowercased with every character outside a-z, 0-9 and _ as `_` (a prefix
@@ -615,10 +608,6 @@ mod tests {
     fn defaults_derive_from_the_account() {
         assert_eq!(default_unit_prefix("alice"), "warden_alice");
         assert_eq!(default_unit_prefix("Bob.Smith-2"), "warden_bob_smith_2");
-        assert_eq!(
-            default_socket("alice"),
-            PathBuf::from("/run/warden/alice.sock")
-        );
     }
 
     #[test]
