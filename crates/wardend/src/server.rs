@@ -21,6 +21,7 @@ use warden_proto::{Conn, ErrorCode, Response};
 
 use crate::account::Account;
 
+use crate::admission::origin::{Lookup, Origins, LOOKUP_TIMEOUT};
 use crate::admission::{Admission, Admitted, ADMISSION_REFUSED};
 use crate::config::Config;
 use crate::handshake::{self, HandshakeError};
@@ -158,7 +159,7 @@ impl<M: UnitManager> Server<M> {
                     }
                 }
                 accepted = listener.listener.accept() => match accepted {
-                    Ok((stream, _)) => self.admit(stream).await,
+                    Ok((stream, _)) => self.admit(stream),
                     Err(e) if is_transient(&e) => {
                         tracing::warn!(error = %e, "accept failed; retrying");
                         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -171,14 +172,10 @@ impl<M: UnitManager> Server<M> {
         }
     }
 
-    /// C6, C7: admit or refuse, then hand the connection to a tracked handler.
-    async fn admit(&mut self, stream: UnixStream) {
-        let manager = Arc::clone(&self.shared.session.manager);
-        let admitted = self
-            .admission
-            .admit(&stream, |pid| async move { manager.main_pid_of(pid).await })
-            .await;
-        let admitted = match admitted {
+    /// C6, C7: admit or refuse, then hand the connection to a tracked handler. Nothing here
+    /// waits: an origin the cache does not know yet is looked up by a task of its own.
+    fn admit(&mut self, stream: UnixStream) {
+        let admitted = match self.admission.admit(&stream) {
             Ok(a) => a,
             Err(e) => {
                 tracing::info!(reason = %e, "connection refused at admission");
@@ -190,6 +187,14 @@ impl<M: UnitManager> Server<M> {
                 return;
             }
         };
+        if let Some(lookup) = admitted.lookup.clone() {
+            self.shared.tracker.spawn(look_up_origin(
+                self.admission.origins(),
+                lookup,
+                Arc::clone(&self.shared.session.manager),
+                self.shared.session.shutdown.clone(),
+            ));
+        }
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut live) = self.shared.connections.lock() {
             live.insert(id, admitted.peer.pid);
@@ -211,6 +216,23 @@ impl<M: UnitManager> Server<M> {
             }
             .instrument(span),
         );
+    }
+}
+
+/// Ask the unit manager for the main PID of `lookup`'s unit, bounded in time, and cache it.
+async fn look_up_origin<M: UnitManager>(
+    origins: Origins,
+    lookup: Lookup,
+    manager: Arc<M>,
+    shutdown: CancellationToken,
+) {
+    let answer = tokio::select! {
+        r = tokio::time::timeout(LOOKUP_TIMEOUT, manager.main_pid_of(lookup.pid)) => r.ok(),
+        _ = shutdown.cancelled() => None,
+    };
+    match answer {
+        Some(main) => origins.put(&lookup, main, std::time::Instant::now()),
+        None => origins.abandon(&lookup),
     }
 }
 
@@ -360,3 +382,7 @@ fn is_transient(e: &std::io::Error) -> bool {
         )
     )
 }
+
+#[cfg(test)]
+#[path = "server_tests.rs"]
+mod tests;

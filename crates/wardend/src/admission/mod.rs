@@ -16,15 +16,12 @@ pub mod pool;
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use self::origin::OriginCache;
+use self::origin::{Lookup, Origins};
 use self::peer::{Peer, ProcId};
 use self::pool::{Pool, Refusal, Slot};
 
 /// The message every refused peer reads (C6): deliberately the same for every cause.
 pub const ADMISSION_REFUSED: &str = "authentication admission limit reached";
-
-/// How long admission waits for the unit manager to name a peer's main PID.
-const MAIN_PID_LOOKUP: Duration = Duration::from_millis(50);
 
 /// Why a connection was refused. The peer only ever reads [`ADMISSION_REFUSED`]; the log
 /// says which of these it was.
@@ -62,6 +59,8 @@ pub struct Admitted {
     /// Its unauthenticated slot; dropping it releases the slot. Its eviction token fires
     /// when a smaller origin took its place: the connection is then refused.
     pub slot: Slot,
+    /// The origin lookup to run off the accept loop, if the peer's unit is not known yet.
+    pub lookup: Option<Lookup>,
 }
 
 /// Admission limits and state. Owned by the accept loop; slots are released by handlers.
@@ -73,7 +72,7 @@ pub struct Admission {
     window: Duration,
     per_window: usize,
     admitted: HashMap<ProcId, VecDeque<Instant>>,
-    origins: OriginCache,
+    origins: Origins,
 }
 
 impl Admission {
@@ -92,7 +91,7 @@ impl Admission {
             window,
             per_window,
             admitted: HashMap::new(),
-            origins: OriginCache::default(),
+            origins: Origins::default(),
         }
     }
 
@@ -101,17 +100,14 @@ impl Admission {
         self.pool.free()
     }
 
-    /// Admit the peer of `socket`, or say why not. `main_pid_of` asks the unit manager for
-    /// the main PID of the peer's unit (bounded in time here).
-    pub async fn admit<F, Fut>(
-        &mut self,
-        socket: &impl std::os::fd::AsFd,
-        main_pid_of: F,
-    ) -> Result<Admitted, AdmissionError>
-    where
-        F: FnOnce(u32) -> Fut,
-        Fut: std::future::Future<Output = Option<u32>>,
-    {
+    /// The cache of origins, for the tasks that run its lookups.
+    pub fn origins(&self) -> Origins {
+        self.origins.clone()
+    }
+
+    /// Admit the peer of `socket`, or say why not. Cheap checks only, nothing that waits:
+    /// credentials, the origin as cached (see [`origin`]), a slot, the origin's window.
+    pub fn admit(&mut self, socket: &impl std::os::fd::AsFd) -> Result<Admitted, AdmissionError> {
         let peer = Peer::of(socket).map_err(AdmissionError::Credentials)?;
         if peer.uid != self.uid || peer.gid != self.gid {
             return Err(AdmissionError::WrongAccount {
@@ -120,26 +116,33 @@ impl Admission {
             });
         }
         let now = Instant::now();
-        let origin = match self.origins.get(peer.stat.id, now) {
-            Some(origin) => origin,
-            None => {
-                let main = tokio::time::timeout(MAIN_PID_LOOKUP, main_pid_of(peer.pid))
-                    .await
-                    .ok()
-                    .flatten();
-                let origin = origin::resolve(&peer.stat, main);
-                self.origins.put(peer.stat.id, origin, now);
-                origin
-            }
-        };
+        let (origin, lookup) = self.origins.of(&peer.stat, now);
         // The slot first: a connection refused for want of one is not counted against its
         // origin's window (dropping the slot on a rate refusal gives it back).
-        let slot = self.pool.take(origin).map_err(|r| match r {
+        let refused = |r| match r {
             Refusal::Full(max) => AdmissionError::NoSlot(max),
             Refusal::OriginShare(n) => AdmissionError::OriginShare(origin, n),
-        })?;
-        self.admit_origin(origin, now)?;
-        Ok(Admitted { peer, origin, slot })
+        };
+        let admitted = self
+            .pool
+            .take(origin)
+            .map_err(refused)
+            .and_then(|slot| self.admit_origin(origin, now).map(|()| slot));
+        match admitted {
+            Ok(slot) => Ok(Admitted {
+                peer,
+                origin,
+                slot,
+                lookup,
+            }),
+            Err(e) => {
+                // A refused connection starts no lookup; the next of its unit will.
+                if let Some(l) = lookup {
+                    self.origins.abandon(&l);
+                }
+                Err(e)
+            }
+        }
     }
 
     /// The sliding window: record an admission of `origin` at `now` unless it already has
@@ -180,16 +183,16 @@ mod tests {
         )
     }
 
-    #[tokio::test]
-    async fn slots_are_bounded_and_released_on_drop() -> Result<(), AdmissionError> {
+    #[test]
+    fn slots_are_bounded_and_released_on_drop() -> Result<(), AdmissionError> {
         let (uid, gid) = me();
         let mut adm = Admission::new(uid, gid, 4, Duration::from_secs(60), 100);
         let (a, _a) = UnixStream::pair().map_err(AdmissionError::Credentials)?;
-        let first = adm.admit(&a, |_| async { None }).await?;
-        let second = adm.admit(&a, |_| async { None }).await?;
+        let first = adm.admit(&a)?;
+        let second = adm.admit(&a)?;
         // One origin (this process) holds at most half of the pool.
         assert!(matches!(
-            adm.admit(&a, |_| async { None }).await,
+            adm.admit(&a),
             Err(AdmissionError::OriginShare(_, 2))
         ));
         drop(first);
@@ -199,43 +202,40 @@ mod tests {
         Ok(())
     }
 
-    #[tokio::test]
-    async fn a_refusal_for_want_of_a_slot_does_not_count_against_the_origin(
-    ) -> Result<(), AdmissionError> {
+    #[test]
+    fn a_refusal_for_want_of_a_slot_does_not_count_against_the_origin() -> Result<(), AdmissionError>
+    {
         let (uid, gid) = me();
         let mut adm = Admission::new(uid, gid, 1, Duration::from_secs(60), 2);
         let (a, _a) = UnixStream::pair().map_err(AdmissionError::Credentials)?;
-        let held = adm.admit(&a, |_| async { None }).await?;
+        let held = adm.admit(&a)?;
         for _ in 0..3 {
             assert!(matches!(
-                adm.admit(&a, |_| async { None }).await,
+                adm.admit(&a),
                 Err(AdmissionError::OriginShare(_, 1))
             ));
         }
         drop(held);
         // The window holds one admission, not four: the second one of the window fits.
-        let second = adm.admit(&a, |_| async { None }).await?;
+        let second = adm.admit(&a)?;
         drop(second);
-        assert!(matches!(
-            adm.admit(&a, |_| async { None }).await,
-            Err(AdmissionError::Rate(_))
-        ));
+        assert!(matches!(adm.admit(&a), Err(AdmissionError::Rate(_))));
         assert_eq!(adm.free_slots(), 1, "a rate refusal gives its slot back");
         Ok(())
     }
 
-    #[tokio::test]
-    async fn wrong_account_is_refused() -> Result<(), AdmissionError> {
+    #[test]
+    fn wrong_account_is_refused() -> Result<(), AdmissionError> {
         let (uid, gid) = me();
         let (a, _a) = UnixStream::pair().map_err(AdmissionError::Credentials)?;
         let mut wrong_uid = Admission::new(uid.wrapping_add(1), gid, 2, Duration::from_secs(1), 10);
         assert!(matches!(
-            wrong_uid.admit(&a, |_| async { None }).await,
+            wrong_uid.admit(&a),
             Err(AdmissionError::WrongAccount { .. })
         ));
         let mut wrong_gid = Admission::new(uid, gid.wrapping_add(1), 2, Duration::from_secs(1), 10);
         assert!(matches!(
-            wrong_gid.admit(&a, |_| async { None }).await,
+            wrong_gid.admit(&a),
             Err(AdmissionError::WrongAccount { .. })
         ));
         Ok(())

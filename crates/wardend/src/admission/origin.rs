@@ -1,52 +1,114 @@
 //! The "likely main PID" of a peer: the process that leads its origin, so that one runaway
 //! agent cannot take every unauthenticated slot by opening connections from many children.
 //!
-//! Resolved as: the main PID of the peer's systemd unit when the unit manager can tell, else
-//! the peer's session leader, else the peer itself — each identified by (pid, start time) so
-//! that a recycled PID is a new origin. Answers are cached and refreshed after a while.
+//! An origin is the main PID of the peer's systemd unit when the unit manager can tell,
+//! else the peer's session leader, else the peer itself — each identified by (pid, start
+//! time) so that a recycled PID is a new origin.
+//!
+//! Asking the unit manager costs a D-Bus round trip, so it never happens on the accept loop:
+//! answers are cached per **unit**, keyed by the peer's control group (every process of a
+//! unit shares it, so a new child of a known agent is a hit), and a miss is looked up by a
+//! task of its own ([`Origins::lookup`]) while the connection is admitted under its session
+//! leader. A cached answer older than [`REFRESH_AFTER`] is still used while a fresh lookup
+//! runs, so an origin does not flip between the two names of one agent.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::peer::{proc_stat, ProcId, ProcStat};
 
-/// How long a cached answer is trusted before it is looked up again.
-const CACHE_TTL: Duration = Duration::from_secs(10);
-/// How many cached answers before stale ones are swept.
-const CACHE_SWEEP_AT: usize = 4096;
+/// After this long a cached answer is looked up again (and used meanwhile).
+pub const REFRESH_AFTER: Duration = Duration::from_secs(10);
+/// An answer not refreshed for this long is dropped (its unit is likely gone).
+const FORGET_AFTER: Duration = Duration::from_secs(60);
+/// How many cached units before old answers are swept.
+const SWEEP_AT: usize = 4096;
+/// At most this many lookups at once; more misses wait for a later connection.
+const MAX_LOOKUPS: usize = 16;
+/// How long one lookup may take before it is given up.
+pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The cache of peer → origin answers.
+/// The control group text of a process (/proc/PID/cgroup): one key per unit.
+pub type UnitKey = String;
+
+/// A lookup the caller should run off the accept loop: ask the unit manager for the main PID
+/// of `pid`'s unit, then [`Origins::put`] the answer under `key`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lookup {
+    /// The unit, as its control group.
+    pub key: UnitKey,
+    /// A process in it (the peer).
+    pub pid: u32,
+}
+
 #[derive(Debug, Default)]
-pub struct OriginCache {
-    entries: HashMap<ProcId, (ProcId, Instant)>,
+struct State {
+    /// Unit → its main process (None: the unit manager named none), and when it was learnt.
+    units: HashMap<UnitKey, (Option<ProcId>, Instant)>,
+    /// Units being looked up now.
+    pending: HashSet<UnitKey>,
 }
 
-impl OriginCache {
-    /// The cached origin of `peer`, if fresh.
-    pub fn get(&self, peer: ProcId, now: Instant) -> Option<ProcId> {
-        self.entries
-            .get(&peer)
-            .filter(|(_, at)| now.duration_since(*at) < CACHE_TTL)
-            .map(|(origin, _)| *origin)
-    }
+/// The shared cache of unit → main process answers.
+#[derive(Debug, Clone, Default)]
+pub struct Origins {
+    state: Arc<Mutex<State>>,
+}
 
-    /// Remember `origin` for `peer`.
-    pub fn put(&mut self, peer: ProcId, origin: ProcId, now: Instant) {
-        if self.entries.len() >= CACHE_SWEEP_AT {
-            self.entries
-                .retain(|_, (_, at)| now.duration_since(*at) < CACHE_TTL);
+impl Origins {
+    /// The origin of `peer` now, and the lookup to start if its unit's answer is missing or
+    /// old. Never waits for the unit manager.
+    pub fn of(&self, peer: &ProcStat, now: Instant) -> (ProcId, Option<Lookup>) {
+        let fallback = fallback(peer);
+        let Ok(key) = std::fs::read_to_string(format!("/proc/{}/cgroup", peer.id.pid)) else {
+            return (fallback, None);
+        };
+        let Ok(mut state) = self.state.lock() else {
+            return (fallback, None);
+        };
+        let cached = state.units.get(&key).copied();
+        let origin = cached.and_then(|(main, _)| main).unwrap_or(fallback);
+        let stale = cached.is_none_or(|(_, at)| now.duration_since(at) >= REFRESH_AFTER);
+        if !stale || state.pending.contains(&key) || state.pending.len() >= MAX_LOOKUPS {
+            return (origin, None);
         }
-        self.entries.insert(peer, (origin, now));
+        state.pending.insert(key.clone());
+        let pid = peer.id.pid;
+        (origin, Some(Lookup { key, pid }))
+    }
+
+    /// Record what the unit manager said of `lookup` (`main_pid`: its unit's main PID).
+    pub fn put(&self, lookup: &Lookup, main_pid: Option<u32>, now: Instant) {
+        let main = main_pid
+            .filter(|&p| p > 1)
+            .and_then(|p| proc_stat(p).ok())
+            .map(|s| s.id);
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        state.pending.remove(&lookup.key);
+        if state.units.len() >= SWEEP_AT {
+            state
+                .units
+                .retain(|_, (_, at)| now.duration_since(*at) < FORGET_AFTER);
+        }
+        state.units.insert(lookup.key.clone(), (main, now));
+    }
+
+    /// A lookup that could not finish: the next connection of that unit may try again.
+    pub fn abandon(&self, lookup: &Lookup) {
+        if let Ok(mut state) = self.state.lock() {
+            state.pending.remove(&lookup.key);
+        }
     }
 }
 
-/// Resolve the origin of `peer` given what the unit manager says its unit's main PID is.
-pub fn resolve(peer: &ProcStat, unit_main_pid: Option<u32>) -> ProcId {
-    let identified = |pid: u32| proc_stat(pid).ok().map(|s| s.id);
-    unit_main_pid
-        .filter(|&p| p > 1)
-        .and_then(identified)
-        .or_else(|| Some(peer.session).filter(|&s| s > 1).and_then(identified))
+/// The origin without the unit manager: the session leader, else the peer.
+fn fallback(peer: &ProcStat) -> ProcId {
+    Some(peer.session)
+        .filter(|&s| s > 1)
+        .and_then(|s| proc_stat(s).ok().map(|s| s.id))
         .unwrap_or(peer.id)
 }
 
@@ -54,39 +116,65 @@ pub fn resolve(peer: &ProcStat, unit_main_pid: Option<u32>) -> ProcId {
 mod tests {
     use super::*;
 
+    fn me() -> std::io::Result<ProcStat> {
+        proc_stat(std::process::id())
+    }
+
     #[test]
-    fn falls_back_to_the_session_leader_then_the_peer() -> std::io::Result<()> {
-        let me = proc_stat(std::process::id())?;
-        let origin = resolve(&me, None);
+    fn a_miss_is_admitted_under_the_session_leader_and_looked_up_once() -> std::io::Result<()> {
+        let me = me()?;
+        let origins = Origins::default();
+        let t0 = Instant::now();
+        let (origin, lookup) = origins.of(&me, t0);
+        assert_eq!(origin, fallback(&me));
         if me.session > 1 {
             assert_eq!(origin.pid, me.session);
-        } else {
-            assert_eq!(origin, me.id);
         }
-        // A main PID that names ourselves wins over the session leader.
-        assert_eq!(resolve(&me, Some(std::process::id())), me.id);
-        // A main PID that does not exist falls through.
-        let ghost = ProcStat {
-            id: me.id,
-            session: 0,
-        };
-        assert_eq!(resolve(&ghost, Some(u32::MAX - 1)), me.id);
+        let lookup = lookup.ok_or_else(|| std::io::Error::other("no lookup on a miss"))?;
+        assert_eq!(lookup.pid, me.id.pid);
+        // While it runs, no second lookup of the same unit.
+        assert_eq!(origins.of(&me, t0).1, None);
+        // The answer names ourselves as the unit's main process: from now on that is the
+        // origin of every process of the unit.
+        origins.put(&lookup, Some(std::process::id()), t0);
+        assert_eq!(origins.of(&me, t0), (me.id, None));
         Ok(())
     }
 
     #[test]
-    fn cache_answers_while_fresh() {
-        let mut c = OriginCache::default();
+    fn an_old_answer_is_used_while_it_is_refreshed() -> std::io::Result<()> {
+        let me = me()?;
+        let origins = Origins::default();
         let t0 = Instant::now();
-        let p = ProcId { pid: 10, start: 1 };
-        let o = ProcId { pid: 2, start: 1 };
-        c.put(p, o, t0);
-        assert_eq!(c.get(p, t0), Some(o));
+        let lookup = origins
+            .of(&me, t0)
+            .1
+            .ok_or_else(|| std::io::Error::other("no lookup on a miss"))?;
+        origins.put(&lookup, Some(std::process::id()), t0);
+        let later = t0 + REFRESH_AFTER;
+        let (origin, refresh) = origins.of(&me, later);
         assert_eq!(
-            c.get(ProcId { pid: 10, start: 2 }, t0),
-            None,
-            "recycled pid is new"
+            origin, me.id,
+            "the old answer holds: the origin does not flip"
         );
-        assert_eq!(c.get(p, t0 + CACHE_TTL), None);
+        let refresh = refresh.ok_or_else(|| std::io::Error::other("no refresh"))?;
+        // A lookup that failed leaves the old answer and lets a later one try again.
+        origins.abandon(&refresh);
+        assert_eq!(origins.of(&me, later).0, me.id);
+        Ok(())
+    }
+
+    #[test]
+    fn no_main_pid_or_a_dead_one_falls_back_to_the_session_leader() -> std::io::Result<()> {
+        let me = me()?;
+        let origins = Origins::default();
+        let t0 = Instant::now();
+        let lookup = origins
+            .of(&me, t0)
+            .1
+            .ok_or_else(|| std::io::Error::other("no lookup on a miss"))?;
+        origins.put(&lookup, Some(u32::MAX - 1), t0);
+        assert_eq!(origins.of(&me, t0), (fallback(&me), None));
+        Ok(())
     }
 }
