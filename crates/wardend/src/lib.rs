@@ -10,6 +10,7 @@
 
 pub mod account;
 pub mod admission;
+pub mod blocking;
 pub mod config;
 pub mod fd_limit;
 pub mod handshake;

@@ -49,11 +49,18 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(&format!("starting the runtime: {e}")),
     };
-    match runtime.block_on(run(cli)) {
+    let result = runtime.block_on(run(cli));
+    // Every handler has ended by now. A blocking thread still stuck on a stalled mount
+    // (see `blocking`) must not keep the daemon from exiting.
+    runtime.shutdown_timeout(SHUTDOWN_GRACE);
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&e),
     }
 }
+
+/// How long, after the server stopped, leftover blocking threads are waited for.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn fail(message: &str) -> ExitCode {
     eprintln!("wardend: {message}");

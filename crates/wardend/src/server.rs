@@ -20,6 +20,7 @@ use tracing::Instrument;
 use warden_proto::{Conn, ErrorCode, Response};
 
 use crate::account::Account;
+use crate::blocking::BlockingPool;
 
 use crate::admission::origin::{Lookup, Origins, LOOKUP_TIMEOUT};
 use crate::admission::{Admission, Admitted, ADMISSION_REFUSED};
@@ -97,11 +98,12 @@ impl<M: UnitManager> Server<M> {
             tracker: TaskTracker::new(),
             session: SessionContext {
                 manager: Arc::new(manager),
-                account,
-                settings: Settings {
+                account: Arc::new(account),
+                settings: Arc::new(Settings {
                     socket_dir,
                     profiles: config.profiles.clone(),
-                },
+                }),
+                blocking: BlockingPool::default(),
                 prefix: config.unit_prefix.clone(),
                 shutdown,
             },

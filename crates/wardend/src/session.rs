@@ -11,11 +11,16 @@ use tokio_util::sync::CancellationToken;
 use warden_proto::{Conn, ErrorCode, ExitReason, ExitReport, Request, Response};
 
 use crate::account::Account;
+use crate::blocking::{BlockingError, BlockingPool};
 use crate::policy::{self, Settings};
 use crate::units::{RunningUnit, UnitError, UnitManager, UnitName};
 
 /// How long the daemon waits to tell a client something before giving up on it.
 const SEND_TIMEOUT: Duration = Duration::from_secs(2);
+/// What a client reads when resolving its unit's paths outlasted the deadline.
+pub const VIEW_TIMED_OUT: &str =
+    "handshake timed out: resolving the unit's paths took too long (is a mount under the \
+     working directory or the home stalled?)";
 /// What a client whose unit the daemon's shutdown stopped reads (code `internal`, exit 125).
 pub const SHUTTING_DOWN: &str = "wardend is shutting down";
 /// How long, after stopping a unit, to wait for its exit status.
@@ -53,9 +58,11 @@ pub struct SessionContext<M: UnitManager> {
     /// The unit manager.
     pub manager: Arc<M>,
     /// The client account.
-    pub account: Account,
+    pub account: Arc<Account>,
     /// Daemon-wide policy settings.
-    pub settings: Settings,
+    pub settings: Arc<Settings>,
+    /// Where work on client-chosen paths runs (policy's view resolution).
+    pub blocking: BlockingPool,
     /// Unit name prefix.
     pub prefix: String,
     /// Cancelled when the daemon shuts down.
@@ -142,20 +149,48 @@ pub async fn run<M: UnitManager>(
             .await
         }
     };
-    // From here on no deadline applies: the unit may run as long as its policy allows.
     let name = match UnitName::random(&ctx.prefix) {
         Ok(n) => n,
         Err(e) => return fail(conn, ErrorCode::Internal, format!("naming unit: {e}")).await,
     };
     let argv0 = start.argv.first().cloned().unwrap_or_default();
-    let spec = match policy::build(name.clone(), start, fds, &ctx.account, &ctx.settings) {
-        Ok(spec) => spec,
+    // The client's stdio stays here: a job stuck on a stalled mount must not hold it open.
+    let (cwd, stdio) = match policy::descriptors(&start, fds) {
+        Ok(d) => d,
         Err(e) => {
             let why = e.to_string();
             send(conn, &e.response()).await;
             return SessionEnd::Failed(why);
         }
     };
+    // Policy stats and reads client-chosen paths: off the runtime, within the deadline.
+    let job = {
+        let (name, account, settings) = (
+            name.clone(),
+            Arc::clone(&ctx.account),
+            Arc::clone(&ctx.settings),
+        );
+        move || policy::build(name, start, cwd, &account, &settings)
+    };
+    let built = tokio::select! {
+        r = ctx.blocking.run(deadline, job) => r,
+        _ = ctx.shutdown.cancelled() => return SessionEnd::Shutdown,
+    };
+    let mut spec = match built {
+        Ok(Ok(spec)) => spec,
+        Ok(Err(e)) => {
+            let why = e.to_string();
+            send(conn, &e.response()).await;
+            return SessionEnd::Failed(why);
+        }
+        Err(BlockingError::Timeout) => {
+            tracing::warn!(unit = %name, "resolving the unit's paths outlasted the deadline");
+            return fail(conn, ErrorCode::Timeout, VIEW_TIMED_OUT.into()).await;
+        }
+        Err(e) => return fail(conn, ErrorCode::Internal, format!("policy: {e}")).await,
+    };
+    spec.stdio = stdio;
+    // From here on no deadline applies: the unit may run as long as its policy allows.
     let started_at = Instant::now();
     let unit = match ctx.manager.start(spec).await {
         Ok(u) => u,

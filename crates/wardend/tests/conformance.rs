@@ -996,3 +996,123 @@ fn native_units_live_in_the_prefix_cgroup() -> Result<()> {
     let _ = child.wait();
     Ok(())
 }
+
+/// `cmd`'s output, or an error (and the command killed) if it has not finished within `limit`.
+fn output_within(cmd: &mut std::process::Command, limit: Duration) -> Result<std::process::Output> {
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => Ok(out?),
+        Err(_) => {
+            let _ = kill(pid, libc::SIGKILL);
+            Err(format!("{cmd:?} did not finish within {limit:?}").into())
+        }
+    }
+}
+
+/// A working directory on a mount that stops answering (a FUSE double of a hung NFS
+/// server): those requests end at the handshake deadline with a message that says why,
+/// every other client's run goes on meanwhile, and the daemon still stops at once.
+/// Native backend: the stall is met in policy, before any backend acts (the systemd
+/// container would not see a mount made here).
+#[test]
+fn a_stalled_mount_costs_its_requests_not_the_daemon() -> Result<()> {
+    use support::stalled_fuse::StalledFuse;
+    let handshake = scaled(Duration::from_secs(5));
+    let flag = format!("{}ms", handshake.as_millis());
+    let Some(mut h) = harness(Kind::Native, &["--handshake-timeout", &flag])? else {
+        return Ok(());
+    };
+    if !std::path::Path::new("/dev/fuse").exists() {
+        if support::harness::required() {
+            return Err("/dev/fuse is missing: the stalled-mount test needs FUSE".into());
+        }
+        eprintln!("skipped: no /dev/fuse");
+        return Ok(());
+    }
+    let place = tempfile::Builder::new().prefix("wstall").tempdir()?;
+    std::fs::set_permissions(
+        place.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )?;
+    let mnt = place.path().join("stalled");
+    std::fs::create_dir(&mnt)?;
+    let fuse = StalledFuse::mount(&mnt, h.client.uid, h.client.gid)?;
+    // Entered once while it answers (the kernel then no longer asks it for access checks).
+    let primed = h.as_client_in(&mnt, &["true"], &[]).output()?;
+    assert!(primed.status.success(), "{}", text(&primed.stderr));
+    fuse.stall();
+
+    let mut stuck: Vec<std::process::Child> = (0..3)
+        .map(|_| {
+            h.warden_client_in(&mnt, &["--retry", "0", "run", "--", "true"], &[])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+        })
+        .collect::<std::io::Result<_>>()?;
+    Harness::wait_for(scaled(Duration::from_secs(10)), || fuse.waiting() >= 3)
+        .ok_or("the daemon never reached the stalled mount")?;
+    // More requests are stuck than the daemon has runtime workers (2): without the blocking
+    // pool these would wait for the mount too.
+    for _ in 0..5 {
+        let out = output_within(
+            &mut h.warden(&["--retry", "0", "run", "--", "echo", "fast"]),
+            handshake,
+        )?;
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), "fast\n");
+    }
+    for child in &mut stuck {
+        if let Some(s) = child.try_wait()? {
+            return Err(format!("a stalled request ended before the others ran: {s:?}").into());
+        }
+    }
+    assert!(fuse.waiting() >= 3);
+    for mut child in stuck {
+        let deadline = Instant::now() + handshake + scaled(Duration::from_secs(10));
+        let status = loop {
+            if let Some(s) = child.try_wait()? {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                return Err("a request on the stalled mount outlived its deadline".into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        if let Some(mut e) = child.stderr.take() {
+            std::io::Read::read_to_string(&mut e, &mut err)?;
+        }
+        assert_eq!(status.code(), Some(125), "{err}");
+        assert!(err.contains("handshake timed out"), "{err}");
+        assert!(err.contains("stalled"), "{err}");
+    }
+    assert!(h.units()?.is_empty(), "no unit was started for them");
+    // The threads stuck on the mount do not hold the daemon's shutdown up: it closes its
+    // socket and its main thread ends. (The kernel reaps the process only once those
+    // threads return: a FUSE request already read by its server waits uninterruptibly.)
+    let pid = h.daemon_pid().ok_or("wardend is not running")?;
+    kill(pid, libc::SIGTERM)?;
+    let main_ended = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+            s.rsplit(") ").next().is_some_and(|r| r.starts_with('Z'))
+        })
+    };
+    let ended = Harness::wait_for(scaled(Duration::from_secs(10)), || {
+        !h.socket.exists() && main_ended()
+    });
+    drop(fuse);
+    let status = h.wait_daemon()?;
+    assert!(
+        ended.is_some(),
+        "wardend's shutdown waited for the stalled mount"
+    );
+    assert!(status.success(), "{status:?}: {}", h.log_text());
+    Ok(())
+}

@@ -106,11 +106,23 @@ pub struct Settings {
     pub profiles: Profiles,
 }
 
-/// Build the spec of unit `name` from a start request and the descriptors of its frame.
+/// The descriptors of a start frame, by role: the cwd, and stdin, stdout, stderr.
+pub type Descriptors = (OwnedFd, [Option<OwnedFd>; 3]);
+
+/// Pair the descriptors of a start frame with the roles it declares. Cheap: no filesystem
+/// access, so the session does it on the runtime and keeps the client's stdio out of
+/// [`build`], which may block on a stalled mount.
+pub fn descriptors(req: &StartRequest, fds: Vec<OwnedFd>) -> Result<Descriptors, PolicyError> {
+    assign_fds(&req.fds, fds)
+}
+
+/// Build the spec of unit `name` from a start request and its working directory. The spec's
+/// stdio is left empty for the caller to fill. Reads client-chosen paths: may block (see
+/// `blocking`).
 pub fn build(
     name: UnitName,
     req: StartRequest,
-    fds: Vec<OwnedFd>,
+    cwd: OwnedFd,
     account: &Account,
     settings: &Settings,
 ) -> Result<UnitSpec, PolicyError> {
@@ -122,7 +134,6 @@ pub fn build(
     let (_, profile) = settings
         .profiles
         .resolve(req.profile.as_deref(), &req.overrides)?;
-    let (cwd, stdio) = assign_fds(&req.fds, fds)?;
     // As the client: the path must lead back to the directory for the client too.
     let cwd_path = client_creds::as_client(account, || cwd_path(&cwd))??;
     let ceiling = &settings.profiles.ceiling;
@@ -169,7 +180,7 @@ pub fn build(
         env,
         cwd,
         cwd_path,
-        stdio,
+        stdio: [None, None, None],
         user: account.name.clone(),
         uid: account.uid,
         gid: account.gid,

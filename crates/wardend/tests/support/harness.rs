@@ -582,6 +582,11 @@ impl Harness {
     pub fn signal_daemon(&mut self, sig: i32) -> Result<std::process::ExitStatus> {
         let pid = self.daemon_pid().ok_or("wardend is not running")?;
         kill(pid, sig)?;
+        self.wait_daemon()
+    }
+
+    /// Wait (up to 20 s) for wardend to exit; its exit status.
+    pub fn wait_daemon(&mut self) -> Result<std::process::ExitStatus> {
         let mut child = self.daemon.take().ok_or("no daemon")?;
         let t0 = Instant::now();
         loop {

@@ -20,3 +20,4 @@ macro_rules! per_backend {
 pub mod attack;
 pub mod container;
 pub mod harness;
+pub mod stalled_fuse;

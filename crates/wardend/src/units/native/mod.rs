@@ -45,6 +45,8 @@ use super::{
 const NEW_ROOT: &str = "/run/wardend/native-root";
 
 /// The hostname units see.
+/// How long a unit may take from clone to exec before its start counts as failed.
+const START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 const HOSTNAME: &std::ffi::CStr = c"warden";
 
 /// The native backend.
@@ -384,8 +386,26 @@ fn spawn(
     // child has its copies.
 }
 
-/// Read the start pipe to its end: nothing means exec succeeded.
+/// Read the start pipe to its end: nothing means exec succeeded. A child that has not
+/// closed it within [`START_TIMEOUT`] (its mounts stalled on a hung filesystem) is a failure.
 fn read_start_report(start: OwnedFd) -> io::Result<Option<StartFailure>> {
+    let mut fds = [rustix::event::PollFd::new(
+        &start,
+        rustix::event::PollFlags::IN,
+    )];
+    let timeout = rustix::event::Timespec::try_from(START_TIMEOUT).map_err(io::Error::other)?;
+    loop {
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(0) => {
+                return Err(io::Error::other(format!(
+                    "the unit did not start within {START_TIMEOUT:?} (a stalled mount?)"
+                )))
+            }
+            Ok(_) => break,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
     let mut buf = Vec::with_capacity(StartFailure::LEN);
     std::fs::File::from(start).read_to_end(&mut buf)?;
     if buf.is_empty() {
