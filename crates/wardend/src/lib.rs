@@ -12,6 +12,7 @@ pub mod account;
 pub mod admission;
 pub mod blocking;
 pub mod config;
+pub mod failpoint;
 pub mod fd_limit;
 pub mod handshake;
 pub mod instance;

@@ -144,6 +144,8 @@ impl<M: UnitManager> Server<M> {
         self.shared.session.shutdown.cancel();
         self.shared.tracker.close();
         self.shared.tracker.wait().await;
+        // Units whose handles were dropped without a stop are still being removed.
+        manager.cleanups().drain().await;
         drop(listener);
         tracing::info!("wardend stopped");
         result

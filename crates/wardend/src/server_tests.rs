@@ -13,6 +13,7 @@ use crate::units::{RunningUnit, UnitName, UnitSpec};
 /// A manager whose origin lookup never answers, and which counts the lookups.
 struct SlowLookups {
     lookups: Arc<AtomicUsize>,
+    cleanups: crate::units::cleanup::Cleanups,
 }
 
 struct NoUnit(UnitName);
@@ -46,6 +47,9 @@ impl UnitManager for SlowLookups {
     async fn main_pid_of(&self, _: u32) -> Option<u32> {
         self.lookups.fetch_add(1, Ordering::SeqCst);
         std::future::pending().await
+    }
+    fn cleanups(&self) -> &crate::units::cleanup::Cleanups {
+        &self.cleanups
     }
 }
 
@@ -89,6 +93,7 @@ async fn an_unanswered_origin_lookup_delays_no_one_and_runs_once_per_unit(
     let lookups = Arc::new(AtomicUsize::new(0));
     let manager = SlowLookups {
         lookups: Arc::clone(&lookups),
+        cleanups: Default::default(),
     };
     let shutdown = CancellationToken::new();
     let server = Server::new(config, account, manager, shutdown.clone());

@@ -69,8 +69,9 @@ pub struct SessionContext<M: UnitManager> {
     pub shutdown: CancellationToken,
 }
 
-/// Stops its unit exactly once: explicitly with [`UnitGuard::stop`], or on drop (a
-/// handler that is torn down mid-way still leaves no unit behind).
+/// Stops its unit exactly once: explicitly with [`UnitGuard::stop`], or on drop — the unit
+/// handle's own drop then stops and removes it on a task the manager tracks, so a handler
+/// torn down mid-way leaves no unit behind and shutdown waits for that removal.
 pub struct UnitGuard<U: RunningUnit> {
     unit: Option<U>,
 }
@@ -91,20 +92,6 @@ impl<U: RunningUnit> UnitGuard<U> {
             tracing::error!(unit = %unit.name(), error = %e, "stopping unit failed");
         }
         Some(unit)
-    }
-}
-
-impl<U: RunningUnit> Drop for UnitGuard<U> {
-    fn drop(&mut self) {
-        if let Some(mut unit) = self.unit.take() {
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move {
-                    if let Err(e) = unit.stop().await {
-                        tracing::error!(unit = %unit.name(), error = %e, "stopping unit on drop failed");
-                    }
-                });
-            }
-        }
     }
 }
 
@@ -206,6 +193,11 @@ pub async fn run<M: UnitManager>(
     };
     tracing::info!(target: "audit", unit = %name, command = %argv0, uid = ctx.account.uid, "unit started");
     let mut guard = UnitGuard::new(unit);
+    if crate::failpoint::hit("session-drop-unit") {
+        // As if the handler were torn down here: the unit goes with the guard.
+        drop(guard);
+        return SessionEnd::Failed("failpoint session-drop-unit".into());
+    }
     send(
         conn,
         &Response::Started {

@@ -35,6 +35,7 @@ per_backend!(
     a_flood_from_another_process_tree_does_not_lock_the_agent_out,
     silent_connection_is_closed_at_the_handshake_timeout,
     bad_input_gets_an_error_frame_and_a_close,
+    a_unit_dropped_mid_session_is_removed_before_shutdown_ends,
 );
 
 fn text(b: &[u8]) -> String {
@@ -71,8 +72,50 @@ fn client_pid(child: &std::process::Child) -> Option<u32> {
         .find(|p| std::fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|e| e == warden))
 }
 
+/// A harness whose wardend has the failure points `points` armed.
+fn harness_failing(kind: Kind, points: &str) -> Result<Option<Harness>> {
+    if !can_run(&format!("{kind:?} failure injection")) {
+        return Ok(None);
+    }
+    let opts = support::harness::Options {
+        daemon_env: vec![("WARDEN_FAILPOINTS".into(), points.into())],
+        ..Default::default()
+    };
+    Harness::start_with(kind, &[], opts).map(Some)
+}
+
 mod checks {
     use super::*;
+
+    /// A session torn down with its unit running (failure point `session-drop-unit`): the
+    /// unit handle's drop removes it on a tracked task, and a shutdown right after waits for
+    /// that removal — nothing is left once wardend has exited.
+    pub fn a_unit_dropped_mid_session_is_removed_before_shutdown_ends(kind: Kind) -> Result<()> {
+        let Some(mut h) = harness_failing(kind, "session-drop-unit")? else {
+            return Ok(());
+        };
+        let out = h
+            .warden(&["--retry", "0", "run", "--", "sleep", "1000"])
+            .output()?;
+        assert_ne!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert!(
+            h.log_text().contains("failpoint session-drop-unit"),
+            "{}",
+            h.log_text()
+        );
+        let status = h.signal_daemon(libc::SIGTERM)?;
+        assert!(status.success(), "{status:?}");
+        assert_eq!(h.units()?, Vec::<String>::new(), "{}", h.log_text());
+        if kind == Kind::Native {
+            assert!(native_unit_cgroups(&h.prefix).is_empty());
+            assert!(
+                support::harness::slice_dirs(&h.prefix).is_empty(),
+                "{:?}",
+                support::harness::slice_dirs(&h.prefix)
+            );
+        }
+        Ok(())
+    }
 
     pub fn stdio_and_exit_code(kind: Kind) -> Result<()> {
         let Some(h) = harness(kind, &[])? else {
@@ -1114,5 +1157,26 @@ fn a_stalled_mount_costs_its_requests_not_the_daemon() -> Result<()> {
         "wardend's shutdown waited for the stalled mount"
     );
     assert!(status.success(), "{status:?}: {}", h.log_text());
+    Ok(())
+}
+
+/// The systemd start job's result cannot be read after StartTransientUnit succeeded
+/// (failure point `systemd-start-job`): the start fails with the reason, and the unit, which
+/// systemd did start, is stopped before the error is returned.
+#[test]
+fn systemd_a_start_that_fails_after_the_unit_exists_leaves_no_unit() -> Result<()> {
+    let Some(h) = harness_failing(Kind::Systemd, "systemd-start-job")? else {
+        return Ok(());
+    };
+    let out = h
+        .warden(&["--retry", "0", "run", "--", "sleep", "1000"])
+        .output()?;
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("waiting for the start job"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(h.units()?, Vec::<String>::new(), "{}", h.log_text());
     Ok(())
 }

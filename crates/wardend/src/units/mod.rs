@@ -5,6 +5,7 @@
 //! [`Backend`] is the enum of implementations, chosen once at start-up by [`Backend::open`].
 //! Each backend lives in its own module (`systemd`, `native`).
 
+pub mod cleanup;
 pub mod init;
 pub mod name;
 pub mod native;
@@ -227,6 +228,9 @@ pub trait UnitManager: Send + Sync + 'static {
 
     /// The main PID of the unit `pid` runs in, when the manager can tell.
     fn main_pid_of(&self, pid: u32) -> impl Future<Output = Option<u32>> + Send;
+
+    /// The cleanups of units dropped without `stop`: shutdown drains them.
+    fn cleanups(&self) -> &cleanup::Cleanups;
 }
 
 /// The backends, chosen once at start-up.
@@ -345,6 +349,13 @@ impl UnitManager for Backend {
         match self {
             Backend::Systemd(m) => m.main_pid_of(pid).await,
             Backend::Native(m) => m.main_pid_of(pid).await,
+        }
+    }
+
+    fn cleanups(&self) -> &cleanup::Cleanups {
+        match self {
+            Backend::Systemd(m) => m.cleanups(),
+            Backend::Native(m) => m.cleanups(),
         }
     }
 }

@@ -111,6 +111,8 @@ pub struct Harness {
     pub remove_on_drop: Vec<PathBuf>,
     /// The config file passed with `--config`, as the daemon sees it.
     pub config: Option<PathBuf>,
+    /// Extra environment of the daemon (failure points).
+    pub daemon_env: Vec<(String, String)>,
 }
 
 /// The account that plays the agent.
@@ -158,6 +160,8 @@ pub struct Options {
     /// Give wardend the socket `/srv/<prefix>-sock/link/warden.sock`, where `link` is a
     /// symlink to the directory `real` beside it.
     pub socket_via_symlink: bool,
+    /// Extra environment for wardend: `WARDEN_FAILPOINTS` (debug builds) arms failures.
+    pub daemon_env: Vec<(String, String)>,
 }
 
 /// The fake private key written into a throwaway client's `~/.ssh/id_ed25519`.
@@ -207,6 +211,7 @@ impl Harness {
             container,
             client: ClientAccount::nobody(),
             config: None,
+            daemon_env: opts.daemon_env.clone(),
             remove_on_drop: Vec::new(),
         };
         let wd = h.workdir.display().to_string();
@@ -544,6 +549,7 @@ impl Harness {
         let child = self
             .command(&argv)
             .env("WARDEN_LOG", "debug")
+            .envs(self.daemon_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

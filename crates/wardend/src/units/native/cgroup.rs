@@ -167,8 +167,14 @@ impl Cgroups {
     /// Create the unit's cgroups and write its limits.
     pub fn create(&self, unit: &str, limits: &Limits) -> Result<UnitCgroup, UnitError> {
         let cg = self.unit(unit);
-        for dir in &cg.dirs {
-            fs::create_dir(&dir.1).map_err(|source| io_err("creating cgroup", &dir.1, source))?;
+        for (made, dir) in cg.dirs.iter().enumerate() {
+            if let Err(source) = fs::create_dir(&dir.1) {
+                // A partial create leaves nothing: the directories made so far go.
+                for (_, earlier) in &cg.dirs[..made] {
+                    let _ = fs::remove_dir(earlier);
+                }
+                return Err(io_err("creating cgroup", &dir.1, source));
+            }
         }
         if let Err(e) = cg.write_limits(limits) {
             // Nothing runs in it yet: removal cannot block.
@@ -532,6 +538,32 @@ fn keyed(path: &Path, key: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The second of two v1 hierarchies refuses the unit's directory: the first one's goes
+    /// too (plain directories stand in for the hierarchies; only mkdir/rmdir are involved).
+    #[test]
+    fn a_partial_create_leaves_no_directory() -> Result<(), Box<dyn std::error::Error>> {
+        let tmp = tempfile::tempdir()?;
+        let (a, b) = (tmp.path().join("pids"), tmp.path().join("memory"));
+        fs::create_dir(&a)?;
+        fs::create_dir(&b)?;
+        let cgroups = Cgroups::new(
+            "wt",
+            vec![
+                Hierarchy::V1(vec![V1Controller::Pids], a.clone()),
+                Hierarchy::V1(vec![V1Controller::Memory], b.clone()),
+            ],
+        )?;
+        fs::remove_dir(b.join("wt.slice"))?;
+        let unit = "wt-0123456789abcdef.service";
+        assert!(cgroups.create(unit, &Limits::default()).is_err());
+        assert!(
+            !a.join("wt.slice").join(unit).exists(),
+            "a partial create left a cgroup"
+        );
+        assert_eq!(fs::read_dir(a.join("wt.slice"))?.count(), 0);
+        Ok(())
+    }
 
     #[test]
     fn hybrid_mountinfo() {

@@ -35,6 +35,7 @@ use self::clone::Forked;
 use self::mounts::{CompiledOp, HostProbe, MountOp, ViewSpec};
 use self::report::{CommandStatus, StartFailure, Step};
 use self::seccomp::Filter;
+use super::cleanup::Cleanups;
 use super::{
     errno_text, exec_candidates, init, name, RunningUnit, UnitError, UnitManager, UnitName,
     UnitSpec,
@@ -58,6 +59,8 @@ pub struct NativeManager {
     /// up, which it does when this process (the only holder of the write end) is gone.
     lifeline: OwnedFd,
     _lifeline_writer: OwnedFd,
+    /// Removals of units dropped without `stop`.
+    cleanups: Cleanups,
 }
 
 impl NativeManager {
@@ -89,6 +92,7 @@ impl NativeManager {
             new_root,
             lifeline,
             _lifeline_writer: writer,
+            cleanups: Cleanups::default(),
         })
     }
 
@@ -484,6 +488,7 @@ impl UnitManager for NativeManager {
             timed_out: false,
             stop_requested: false,
             stopped: false,
+            cleanups: self.cleanups.clone(),
         };
         let start = spawned.start;
         let report = tokio::task::spawn_blocking(move || read_start_report(start)).await;
@@ -534,6 +539,10 @@ impl UnitManager for NativeManager {
             .into_iter()
             .find(|&p| is_namespace_init(p))?;
         u32::try_from(init).ok()
+    }
+
+    fn cleanups(&self) -> &Cleanups {
+        &self.cleanups
     }
 }
 
@@ -662,6 +671,8 @@ pub struct NativeUnit {
     timed_out: bool,
     stop_requested: bool,
     stopped: bool,
+    /// Where its removal runs if it is dropped without `stop`.
+    cleanups: Cleanups,
 }
 
 /// What one round of waiting saw.
@@ -837,7 +848,8 @@ impl RunningUnit for NativeUnit {
 }
 
 impl Drop for NativeUnit {
-    /// A unit dropped without `stop` is still killed and removed, on a thread of its own.
+    /// A unit dropped without `stop` is still killed and removed, on a blocking thread the
+    /// manager's cleanups track (shutdown waits for it).
     fn drop(&mut self) {
         if self.stopped {
             return;
@@ -849,14 +861,12 @@ impl Drop for NativeUnit {
         let reaped = self.init_exit.is_some();
         let cg = self.cgroup.clone();
         let pidfd = pidfd.into_inner();
-        let _ = std::thread::Builder::new()
-            .name("unit-cleanup".into())
-            .spawn(move || {
-                let _ = cg.kill_all();
-                if !reaped {
-                    reap_pidfd_blocking(pidfd.as_fd());
-                }
-                let _ = cg.remove();
-            });
+        self.cleanups.spawn_blocking(move || {
+            let _ = cg.kill_all();
+            if !reaped {
+                reap_pidfd_blocking(pidfd.as_fd());
+            }
+            let _ = cg.remove();
+        });
     }
 }

@@ -22,6 +22,7 @@ use properties::Retention;
 use crate::shim::spec::{Spec, SpecFile};
 use crate::shim::ExecShim;
 
+use super::cleanup::Cleanups;
 use super::{name, UnitError, UnitManager, UnitSpec};
 
 pub use bus::Transport;
@@ -53,6 +54,8 @@ pub struct SystemdManager {
     /// The service every unit is bound to, which stops when wardend is gone; `None` only
     /// for a manager built without [`SystemdManager::with_lifeline`] (tests).
     lifeline: Option<lifeline::Lifeline>,
+    /// Stops of units dropped without `stop`.
+    cleanups: Cleanups,
 }
 
 impl SystemdManager {
@@ -127,6 +130,7 @@ impl SystemdManager {
             retention,
             shim: None,
             lifeline: None,
+            cleanups: Cleanups::default(),
         }
     }
 
@@ -158,6 +162,13 @@ impl SystemdManager {
     /// The unit path to `Unref()` on release: only units this connection holds a reference to.
     fn unref_path<'p>(&self, path: &'p str) -> Option<&'p str> {
         (self.retention == Retention::AddRef).then_some(path)
+    }
+
+    /// Stop and release a unit whose start failed, so that no error leaves it behind.
+    async fn release_failed(&self, unit: &str, path: &str) {
+        if let Err(e) = unit::stop_and_release(&self.conn, unit, self.unref_path(path)).await {
+            tracing::warn!(unit, error = %e, "releasing a unit that failed to start");
+        }
     }
 
     /// A `Start` error for `unit`.
@@ -255,22 +266,39 @@ impl UnitManager for SystemdManager {
         let mut jobs = bus::job_removed_stream(&self.conn)
             .await
             .map_err(|e| Self::start_error(unit, e))?;
-        let job = manager
+        let path = bus::unit_path(unit);
+        let job = match manager
             .start_transient_unit(unit, "fail", &props, &[])
             .await
-            .map_err(|e| Self::start_error(unit, format!("StartTransientUnit: {e}")))?;
+        {
+            Ok(job) => job,
+            Err(e) => {
+                // The reply may be what failed: systemd may hold the unit anyway.
+                self.release_failed(unit, &path).await;
+                return Err(Self::start_error(unit, format!("StartTransientUnit: {e}")));
+            }
+        };
         // systemd holds its own copies of the stdio descriptors now: close ours, so that the
         // client sees end-of-file when the unit's last process closes them.
         drop(props);
         drop(spec);
-        let path = bus::unit_path(unit);
-        let result =
-            match tokio::time::timeout(START_TIMEOUT, bus::job_result(&mut jobs, job.as_str()))
-                .await
-            {
-                Ok(result) => result.map_err(|e| Self::start_error(unit, e))?,
-                Err(_) => format!("not finished after {START_TIMEOUT:?}"),
-            };
+        let waited = if crate::failpoint::hit("systemd-start-job") {
+            Ok(Err(bus::closed()))
+        } else {
+            tokio::time::timeout(START_TIMEOUT, bus::job_result(&mut jobs, job.as_str())).await
+        };
+        let result = match waited {
+            Ok(Ok(result)) => result,
+            Ok(Err(e)) => {
+                // The unit exists and may be running: it goes before the error does.
+                self.release_failed(unit, &path).await;
+                return Err(Self::start_error(
+                    unit,
+                    format!("waiting for the start job: {e}"),
+                ));
+            }
+            Err(_) => format!("not finished after {START_TIMEOUT:?}"),
+        };
         if result != "done" {
             // A command that ran and ended at once can fail the start job (systemd saw it
             // exit before it saw the exec succeed): that is an exit to report, not a failure
@@ -279,12 +307,7 @@ impl UnitManager for SystemdManager {
             match unit::setup_failure(&service) {
                 None if unit::main_process_ran(&service) => {}
                 failure => {
-                    // Do not leave the failed unit behind.
-                    if let Err(e) =
-                        unit::stop_and_release(&self.conn, unit, self.unref_path(&path)).await
-                    {
-                        tracing::warn!(unit, error = %e, "releasing a unit that failed to start");
-                    }
+                    self.release_failed(unit, &path).await;
                     let why = failure.unwrap_or_else(|| "the command did not run".into());
                     return Err(Self::start_error(
                         unit,
@@ -300,6 +323,7 @@ impl UnitManager for SystemdManager {
             retention: self.retention,
             released: false,
             timeout,
+            cleanups: self.cleanups.clone(),
         })
     }
 
@@ -341,5 +365,9 @@ impl UnitManager for SystemdManager {
         let props = bus::properties_of(&self.conn, path.as_str()).await.ok()?;
         let main_pid = u32::try_from(props.get(bus::SERVICE_IFACE, "MainPID").await.ok()?).ok()?;
         (main_pid != 0).then_some(main_pid)
+    }
+
+    fn cleanups(&self) -> &Cleanups {
+        &self.cleanups
     }
 }

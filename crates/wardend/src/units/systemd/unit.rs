@@ -9,6 +9,7 @@ use zbus::{Connection, OwnedVariant};
 
 use super::bus::{self, SERVICE_IFACE, UNIT_IFACE};
 use super::properties::Retention;
+use crate::units::cleanup::Cleanups;
 use crate::units::{RunningUnit, UnitError, UnitName};
 
 /// `si_code` of a child that exited.
@@ -35,6 +36,8 @@ pub struct SystemdUnit {
     pub(super) released: bool,
     /// The wall-time limit it was started with (RuntimeMaxUSec), if any.
     pub(super) timeout: Option<Duration>,
+    /// Where its stop runs if it is dropped without `stop`.
+    pub(super) cleanups: Cleanups,
 }
 
 impl SystemdUnit {
@@ -129,21 +132,20 @@ impl RunningUnit for SystemdUnit {
 }
 
 impl Drop for SystemdUnit {
-    /// A unit dropped without stop() is stopped in the background when a runtime is there to
-    /// do it; otherwise it is left to the next orphan cleanup.
+    /// A unit dropped without stop() is stopped by a task the manager's cleanups track
+    /// (shutdown waits for it) when a runtime is there to run it; otherwise it is left to
+    /// the next orphan cleanup.
     fn drop(&mut self) {
         if self.released {
             return;
         }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (conn, name) = (self.conn.clone(), self.name.to_string());
-            let path = self.unref_path().map(str::to_string);
-            runtime.spawn(async move {
-                if let Err(e) = stop_and_release(&conn, &name, path.as_deref()).await {
-                    tracing::warn!(unit = %name, error = %e, "stopping a dropped unit");
-                }
-            });
-        }
+        let (conn, name) = (self.conn.clone(), self.name.to_string());
+        let path = self.unref_path().map(str::to_string);
+        self.cleanups.spawn(async move {
+            if let Err(e) = stop_and_release(&conn, &name, path.as_deref()).await {
+                tracing::warn!(unit = %name, error = %e, "stopping a dropped unit");
+            }
+        });
     }
 }
 
