@@ -509,9 +509,16 @@ mod checks {
             return Ok(());
         };
         let wardend = bin("wardend").display().to_string();
+        let config = h
+            .config
+            .as_ref()
+            .map(|c| c.display().to_string())
+            .ok_or("the harness gave wardend no config")?;
         let out = h
             .as_nobody(&[
                 &wardend,
+                "--config",
+                &config,
                 "--client-user",
                 "nobody",
                 "--backend",
@@ -1002,6 +1009,8 @@ fn orphan_cleanup_that_cannot_reach_systemd_fails_startup() -> Result<()> {
     // In a mount namespace of its own where neither the system bus nor systemd's private
     // socket exists (on a systemd host they are covered), so on any host.
     let dir = tempfile::tempdir()?;
+    let config = dir.path().join("warden.toml");
+    std::fs::write(&config, support::harness::HERMETIC_CONFIG)?;
     let out = std::process::Command::new("unshare")
         .args(["-m", "--propagation", "private", "sh", "-c"])
         .arg(
@@ -1009,6 +1018,8 @@ fn orphan_cleanup_that_cannot_reach_systemd_fails_startup() -> Result<()> {
              exec \"$0\" \"$@\"",
         )
         .arg(bin("wardend"))
+        .arg("--config")
+        .arg(&config)
         .args([
             "--client-user",
             "nobody",

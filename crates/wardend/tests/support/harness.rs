@@ -164,6 +164,10 @@ pub struct Options {
     pub daemon_env: Vec<(String, String)>,
 }
 
+/// The config of a daemon under test that asks for nothing but the flags.
+pub const HERMETIC_CONFIG: &str =
+    "# A test daemon's own config: everything comes from its flags; the host's is never read.\n";
+
 /// The fake private key written into a throwaway client's `~/.ssh/id_ed25519`.
 pub const FAKE_KEY: &str = "-----BEGIN OPENSSH PRIVATE KEY-----\nwarden-escape-suite-fake-key-5f3a9c\n-----END OPENSSH PRIVATE KEY-----\n";
 
@@ -229,14 +233,18 @@ impl Harness {
         }
         let owner = format!("{}:{}", h.client.uid, h.client.gid);
         h.exec_root(&["chown", &owner, &wd])?;
-        if let Some(text) = &opts.config_toml {
-            let inside = match kind {
-                Kind::Native => h.scratch.path().join("warden.toml"),
-                Kind::Systemd => PathBuf::from(format!("/srv/{}-warden.toml", h.prefix)),
-            };
-            std::fs::write(h.host_path(&inside), text)?;
-            h.config = Some(inside);
+        // Always a config file of its own: a daemon under test never reads the host's
+        // /etc/warden/warden.toml.
+        let text = opts.config_toml.as_deref().unwrap_or(HERMETIC_CONFIG);
+        let inside = match kind {
+            Kind::Native => h.scratch.path().join("warden.toml"),
+            Kind::Systemd => PathBuf::from(format!("/srv/{}-warden.toml", h.prefix)),
+        };
+        std::fs::write(h.host_path(&inside), text)?;
+        if kind == Kind::Systemd {
+            h.remove_on_drop.push(inside.clone());
         }
+        h.config = Some(inside);
         h.start_daemon(extra)?;
         Ok(h)
     }
@@ -882,7 +890,13 @@ pub fn cleanup_native_leftovers(prefix: &str) {
 fn run_orphan_cleanup(prefix: &str) {
     let Ok(dir) = tempfile::tempdir() else { return };
     let sock = dir.path().join("s.sock");
+    let config = dir.path().join("warden.toml");
+    if std::fs::write(&config, HERMETIC_CONFIG).is_err() {
+        return;
+    }
     let Ok(mut child) = Command::new(bin("wardend"))
+        .arg("--config")
+        .arg(&config)
         .args([
             "--client-user",
             "nobody",
