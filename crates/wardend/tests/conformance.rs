@@ -406,7 +406,12 @@ mod checks {
         for _ in 0..n {
             clients.push(spawn_unit(&h, &["sleep", "1000"])?.0);
         }
-        let procs = h.unit_processes();
+        // A unit is listed as soon as systemd has it; its processes follow.
+        let mut procs = h.unit_processes();
+        Harness::wait_for(Duration::from_secs(10), || {
+            procs = h.unit_processes();
+            procs.len() >= n
+        });
         assert!(procs.len() >= n, "{procs:?}");
         h.signal_daemon(libc::SIGKILL)?;
         // Every unit's processes die with the daemon (its lifeline), before any restart.
@@ -734,7 +739,7 @@ time.sleep(60)
         let linger = format!("{:.1}", timeout.as_secs_f64() * 3.0);
         let script = format!(
             "python3 {probe} \"$WARDEN_SOCKET\" say connected sleep {linger} drain > probe.out & \
-             until grep -q connected probe.out; do sleep 0.01; done; \
+             until grep -q connected probe.out 2>/dev/null; do sleep 0.01; done; \
              {warden} --retry 0 run -- true; echo \"refused-rc=$?\"; \
              {warden} -v run -- true; echo \"admitted-rc=$?\"; wait; cat probe.out; rm -f probe.out",
             probe = support::harness::probe_script().display(),
