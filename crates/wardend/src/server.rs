@@ -179,7 +179,7 @@ impl<M: UnitManager> Server<M> {
     /// C6, C7: admit or refuse, then hand the connection to a tracked handler. Nothing here
     /// waits: an origin the cache does not know yet is looked up by a task of its own.
     fn admit(&mut self, stream: UnixStream) {
-        let admitted = match self.admission.admit(&stream) {
+        let mut admitted = match self.admission.admit(&stream) {
             Ok(a) => a,
             Err(e) => {
                 tracing::info!(reason = %e, "connection refused at admission");
@@ -191,7 +191,7 @@ impl<M: UnitManager> Server<M> {
                 return;
             }
         };
-        if let Some(lookup) = admitted.lookup.clone() {
+        if let Some(lookup) = admitted.lookup.take() {
             self.shared.tracker.spawn(look_up_origin(
                 self.admission.origins(),
                 lookup,

@@ -142,7 +142,7 @@ pub async fn run<M: UnitManager>(
     };
     let argv0 = start.argv.first().cloned().unwrap_or_default();
     // The client's stdio stays here: a job stuck on a stalled mount must not hold it open.
-    let (cwd, stdio) = match policy::descriptors(&start, fds) {
+    let (cwd, stdio) = match policy::assign_fds(&start.fds, fds) {
         Ok(d) => d,
         Err(e) => {
             let why = e.to_string();
@@ -194,7 +194,9 @@ pub async fn run<M: UnitManager>(
     tracing::info!(target: "audit", unit = %name, command = %argv0, uid = ctx.account.uid, "unit started");
     let mut guard = UnitGuard::new(unit);
     if crate::failpoint::hit("session-drop-unit") {
-        // As if the handler were torn down here: the unit goes with the guard.
+        // As if the handler were torn down as the daemon stops: the unit goes with the guard,
+        // and its removal races the daemon's exit.
+        ctx.shutdown.cancelled().await;
         drop(guard);
         return SessionEnd::Failed("failpoint session-drop-unit".into());
     }

@@ -87,24 +87,22 @@ fn harness_failing(kind: Kind, points: &str) -> Result<Option<Harness>> {
 mod checks {
     use super::*;
 
-    /// A session torn down with its unit running (failure point `session-drop-unit`): the
-    /// unit handle's drop removes it on a tracked task, and a shutdown right after waits for
-    /// that removal — nothing is left once wardend has exited.
+    /// A session torn down with its unit running as the daemon stops (failure point
+    /// `session-drop-unit`): the unit handle's drop removes it on a tracked task, and the
+    /// shutdown waits for that removal — nothing is left once wardend has exited.
     pub fn a_unit_dropped_mid_session_is_removed_before_shutdown_ends(kind: Kind) -> Result<()> {
         let Some(mut h) = harness_failing(kind, "session-drop-unit")? else {
             return Ok(());
         };
-        let out = h
-            .warden(&["--retry", "0", "run", "--", "sleep", "1000"])
-            .output()?;
-        assert_ne!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let (mut client, _) = spawn_unit(&h, &["sleep", "1000"])?;
+        let status = h.signal_daemon(libc::SIGTERM)?;
+        assert!(status.success(), "{status:?}");
+        let _ = client.wait();
         assert!(
             h.log_text().contains("failpoint session-drop-unit"),
             "{}",
             h.log_text()
         );
-        let status = h.signal_daemon(libc::SIGTERM)?;
-        assert!(status.success(), "{status:?}");
         assert_eq!(h.units()?, Vec::<String>::new(), "{}", h.log_text());
         if kind == Kind::Native {
             assert!(native_unit_cgroups(&h.prefix).is_empty());

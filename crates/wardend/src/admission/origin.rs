@@ -120,6 +120,17 @@ mod tests {
         proc_stat(std::process::id())
     }
 
+    /// A cache in which this process's unit was looked up at `at` and `main` was the answer.
+    fn answered(me: &ProcStat, main: Option<u32>, at: Instant) -> std::io::Result<Origins> {
+        let origins = Origins::default();
+        let lookup = origins
+            .of(me, at)
+            .1
+            .ok_or_else(|| std::io::Error::other("no lookup on a miss"))?;
+        origins.put(&lookup, main, at);
+        Ok(origins)
+    }
+
     #[test]
     fn a_miss_is_admitted_under_the_session_leader_and_looked_up_once() -> std::io::Result<()> {
         let me = me()?;
@@ -144,13 +155,8 @@ mod tests {
     #[test]
     fn an_old_answer_is_used_while_it_is_refreshed() -> std::io::Result<()> {
         let me = me()?;
-        let origins = Origins::default();
         let t0 = Instant::now();
-        let lookup = origins
-            .of(&me, t0)
-            .1
-            .ok_or_else(|| std::io::Error::other("no lookup on a miss"))?;
-        origins.put(&lookup, Some(std::process::id()), t0);
+        let origins = answered(&me, Some(std::process::id()), t0)?;
         let later = t0 + REFRESH_AFTER;
         let (origin, refresh) = origins.of(&me, later);
         assert_eq!(
@@ -167,14 +173,11 @@ mod tests {
     #[test]
     fn no_main_pid_or_a_dead_one_falls_back_to_the_session_leader() -> std::io::Result<()> {
         let me = me()?;
-        let origins = Origins::default();
         let t0 = Instant::now();
-        let lookup = origins
-            .of(&me, t0)
-            .1
-            .ok_or_else(|| std::io::Error::other("no lookup on a miss"))?;
-        origins.put(&lookup, Some(u32::MAX - 1), t0);
-        assert_eq!(origins.of(&me, t0), (fallback(&me), None));
+        for main in [None, Some(u32::MAX - 1)] {
+            let origins = answered(&me, main, t0)?;
+            assert_eq!(origins.of(&me, t0), (fallback(&me), None), "{main:?}");
+        }
         Ok(())
     }
 }

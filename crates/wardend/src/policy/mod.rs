@@ -109,13 +109,6 @@ pub struct Settings {
 /// The descriptors of a start frame, by role: the cwd, and stdin, stdout, stderr.
 pub type Descriptors = (OwnedFd, [Option<OwnedFd>; 3]);
 
-/// Pair the descriptors of a start frame with the roles it declares. Cheap: no filesystem
-/// access, so the session does it on the runtime and keeps the client's stdio out of
-/// [`build`], which may block on a stalled mount.
-pub fn descriptors(req: &StartRequest, fds: Vec<OwnedFd>) -> Result<Descriptors, PolicyError> {
-    assign_fds(&req.fds, fds)
-}
-
 /// Build the spec of unit `name` from a start request and its working directory. The spec's
 /// stdio is left empty for the caller to fill. Reads client-chosen paths: may block (see
 /// `blocking`).
@@ -222,11 +215,10 @@ fn check_env(env: &[(String, String)]) -> Result<(), PolicyError> {
     Ok(())
 }
 
-/// Pair descriptors with their declared roles: exactly one cwd, each role at most once.
-fn assign_fds(
-    roles: &[FdRole],
-    fds: Vec<OwnedFd>,
-) -> Result<(OwnedFd, [Option<OwnedFd>; 3]), PolicyError> {
+/// Pair the descriptors of a start frame with the roles it declares: exactly one cwd, each
+/// role at most once. Cheap (no filesystem access): the session does it on the runtime and
+/// keeps the client's stdio out of [`build`], which may block on a stalled mount.
+pub fn assign_fds(roles: &[FdRole], fds: Vec<OwnedFd>) -> Result<Descriptors, PolicyError> {
     if roles.len() != fds.len() {
         return Err(PolicyError::Fds(format!(
             "{} roles declared for {} descriptors",
