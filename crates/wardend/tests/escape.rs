@@ -446,7 +446,7 @@ except OSError as e:
                 "--",
                 "python3",
                 "-c",
-                "import socket,time,sys\ns=socket.socket()\ns.bind(('127.0.0.1',0))\ns.listen(5)\nprint(s.getsockname()[1],flush=True)\ntime.sleep(5)",
+                "import socket,time,sys\ns=socket.socket()\ns.bind(('127.0.0.1',0))\ns.listen(5)\nprint(s.getsockname()[1],flush=True)\nsys.stdin.read()",
             ],
             &[],
         )?;
@@ -496,9 +496,10 @@ except OSError as e:
             return Ok(());
         };
         // Forks until fork fails (or 200 children), prints how many and why it stopped,
-        // holds them for 3 s, then kills them.
+        // holds them until its stdin closes (the test closes it once another client was
+        // served: a fixed hold raced a slow start in the VM), then kills them.
         let bomb = r#"
-import os, time
+import os, sys, time
 kids, why = [], "no failure"
 for _ in range(200):
     try:
@@ -511,7 +512,7 @@ for _ in range(200):
         os._exit(0)
     kids.append(pid)
 print(len(kids), why, flush=True)
-time.sleep(3)
+sys.stdin.read()
 for k in kids:
     os.kill(k, 9)
 "#;

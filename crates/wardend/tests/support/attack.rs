@@ -114,8 +114,8 @@ impl Drop for Undo<'_> {
     }
 }
 
-/// `warden run ARGS` as the client in the background, stdout and stderr piped; and the name
-/// of the unit that appeared for it.
+/// `warden run ARGS` as the client in the background, stdin, stdout and stderr piped (stdin
+/// stays open until `wait`); and the name of the unit that appeared for it.
 pub fn spawn_unit(h: &Harness, args: &[&str], env: &[&str]) -> Result<(Background, String)> {
     let before = h.units()?;
     let mut a = vec!["run"];
@@ -123,6 +123,7 @@ pub fn spawn_unit(h: &Harness, args: &[&str], env: &[&str]) -> Result<(Backgroun
     let bg = Background {
         child: Some(
             h.warden_client(&a, env)
+                .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()?,
