@@ -446,7 +446,7 @@ except OSError as e:
                 "--",
                 "python3",
                 "-c",
-                "import socket,time,sys\ns=socket.socket()\ns.bind(('127.0.0.1',0))\ns.listen(5)\nprint(s.getsockname()[1],flush=True)\nsys.stdin.read()",
+                "import socket,sys\ns=socket.socket()\ns.bind(('127.0.0.1',0))\ns.listen(5)\nprint(s.getsockname()[1],flush=True)\nsys.stdin.read()",
             ],
             &[],
         )?;

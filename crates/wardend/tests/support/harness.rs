@@ -110,7 +110,7 @@ pub struct Harness {
     /// Paths (where the daemon runs) removed when the harness is dropped.
     pub remove_on_drop: Vec<PathBuf>,
     /// The config file passed with `--config`, as the daemon sees it.
-    pub config: Option<PathBuf>,
+    pub config: PathBuf,
     /// Extra environment of the daemon (failure points).
     pub daemon_env: Vec<(String, String)>,
 }
@@ -164,9 +164,9 @@ pub struct Options {
     pub daemon_env: Vec<(String, String)>,
 }
 
-/// The config of a daemon under test that asks for nothing but the flags.
-pub const HERMETIC_CONFIG: &str =
-    "# A test daemon's own config: everything comes from its flags; the host's is never read.\n";
+/// The config of a daemon under test that asks for nothing but its flags: an empty file, so
+/// the host's /etc/warden/warden.toml is never read.
+pub const NO_CONFIG: &str = "/dev/null";
 
 /// The fake private key written into a throwaway client's `~/.ssh/id_ed25519`.
 pub const FAKE_KEY: &str = "-----BEGIN OPENSSH PRIVATE KEY-----\nwarden-escape-suite-fake-key-5f3a9c\n-----END OPENSSH PRIVATE KEY-----\n";
@@ -214,7 +214,7 @@ impl Harness {
             daemon: None,
             container,
             client: ClientAccount::nobody(),
-            config: None,
+            config: PathBuf::from(NO_CONFIG),
             daemon_env: opts.daemon_env.clone(),
             remove_on_drop: Vec::new(),
         };
@@ -233,18 +233,17 @@ impl Harness {
         }
         let owner = format!("{}:{}", h.client.uid, h.client.gid);
         h.exec_root(&["chown", &owner, &wd])?;
-        // Always a config file of its own: a daemon under test never reads the host's
-        // /etc/warden/warden.toml.
-        let text = opts.config_toml.as_deref().unwrap_or(HERMETIC_CONFIG);
-        let inside = match kind {
-            Kind::Native => h.scratch.path().join("warden.toml"),
-            Kind::Systemd => PathBuf::from(format!("/srv/{}-warden.toml", h.prefix)),
-        };
-        std::fs::write(h.host_path(&inside), text)?;
-        if kind == Kind::Systemd {
-            h.remove_on_drop.push(inside.clone());
+        if let Some(text) = &opts.config_toml {
+            let inside = match kind {
+                Kind::Native => h.scratch.path().join("warden.toml"),
+                Kind::Systemd => PathBuf::from(format!("/srv/{}-warden.toml", h.prefix)),
+            };
+            std::fs::write(h.host_path(&inside), text)?;
+            if kind == Kind::Systemd {
+                h.remove_on_drop.push(inside.clone());
+            }
+            h.config = inside;
         }
-        h.config = Some(inside);
         h.start_daemon(extra)?;
         Ok(h)
     }
@@ -545,10 +544,8 @@ impl Harness {
             "--unit-prefix",
             self.prefix.as_str(),
         ];
-        let config = self.config.as_ref().map(|c| c.display().to_string());
-        if let Some(c) = &config {
-            argv.extend(["--config", c.as_str()]);
-        }
+        let config = self.config.display().to_string();
+        argv.extend(["--config", config.as_str()]);
         argv.extend_from_slice(extra);
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -890,14 +887,10 @@ pub fn cleanup_native_leftovers(prefix: &str) {
 fn run_orphan_cleanup(prefix: &str) {
     let Ok(dir) = tempfile::tempdir() else { return };
     let sock = dir.path().join("s.sock");
-    let config = dir.path().join("warden.toml");
-    if std::fs::write(&config, HERMETIC_CONFIG).is_err() {
-        return;
-    }
     let Ok(mut child) = Command::new(bin("wardend"))
-        .arg("--config")
-        .arg(&config)
         .args([
+            "--config",
+            NO_CONFIG,
             "--client-user",
             "nobody",
             "--backend",
